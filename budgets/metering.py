@@ -1,0 +1,105 @@
+"""Metering of one task run: CPU, wall, database wait, storage wait, peak memory.
+
+A django-q2 worker process runs many tasks, so every figure is a delta taken around one run.
+CPU is process CPU time (user + system); waits are wall time spent blocked on the database or on
+export storage, measured where the waiting happens.
+"""
+import contextlib
+import os
+import time
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, field
+from typing import TypeVar
+
+from django.db import connections
+
+T = TypeVar("T")
+
+_STATUS = "/proc/self/status"
+_CLEAR_REFS = "/proc/self/clear_refs"
+
+
+def _reset_peak_rss() -> None:
+    # Linux: writing "5" resets the peak RSS (VmHWM) so the next reading is this run's own peak.
+    with contextlib.suppress(OSError):
+        with open(_CLEAR_REFS, "w") as f:
+            f.write("5")
+
+
+def peak_rss_kb() -> int:
+    try:
+        with open(_STATUS) as f:
+            for line in f:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1])
+    except OSError:
+        pass
+    import resource
+
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+
+
+@dataclass
+class Meter:
+    cpu_ms: int = 0
+    wall_ms: int = 0
+    db_wait_ms: float = 0.0
+    storage_wait_ms: float = 0.0
+    peak_rss_kb: int = 0
+    # True while blocked in a streaming read that db_reads() already times (no double count).
+    _in_read: bool = field(default=False, repr=False)
+
+    @contextlib.contextmanager
+    def measure(self) -> Iterator["Meter"]:
+        """Meter everything inside the block, including every SQL statement on any connection."""
+        _reset_peak_rss()
+        cpu0, wall0 = time.process_time(), time.perf_counter()
+        with contextlib.ExitStack() as stack:
+            for alias in connections:
+                stack.enter_context(connections[alias].execute_wrapper(self._time_query))
+            try:
+                yield self
+            finally:
+                self.cpu_ms = round((time.process_time() - cpu0) * 1000)
+                self.wall_ms = round((time.perf_counter() - wall0) * 1000)
+                self.peak_rss_kb = peak_rss_kb()
+
+    def _time_query(self, execute, sql, params, many, context):
+        if self._in_read:
+            return execute(sql, params, many, context)
+        t0 = time.perf_counter()
+        try:
+            return execute(sql, params, many, context)
+        finally:
+            self.db_wait_ms += (time.perf_counter() - t0) * 1000
+
+    @contextlib.contextmanager
+    def storage_wait(self) -> Iterator[None]:
+        t0 = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.storage_wait_ms += (time.perf_counter() - t0) * 1000
+
+    def db_reads(self, chunks: Iterable[T]) -> Iterator[T]:
+        """Yield from a streaming read (COPY, server-side cursor), counting the time blocked in it.
+
+        `execute_wrapper` sees only `execute()`; rows fetched later arrive outside it.
+        """
+        it = iter(chunks)
+        clock = time.perf_counter
+        waited = 0.0
+        try:
+            while True:
+                t0 = clock()
+                self._in_read = True
+                try:
+                    item = next(it)
+                except StopIteration:
+                    return
+                finally:
+                    self._in_read = False
+                    waited += clock() - t0
+                yield item
+        finally:
+            self.db_wait_ms += waited * 1000

@@ -1,0 +1,110 @@
+import hashlib
+import secrets
+
+from django.conf import settings
+from django.db import models
+
+
+class Plan(models.TextChoices):
+    FREE = "free", "Free"
+    STANDARD = "standard", "Standard"
+    ENTERPRISE = "enterprise", "Enterprise"
+
+
+class Account(models.Model):
+    """A tenant: every task, export and budget belongs to one."""
+
+    slug = models.SlugField(unique=True)
+    name = models.CharField(max_length=200)
+    is_active = models.BooleanField(default=True)
+    plan = models.CharField(max_length=20, choices=Plan.choices, default=Plan.STANDARD)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["slug"]
+
+    def __str__(self) -> str:
+        return self.slug
+
+
+class Role(models.TextChoices):
+    VIEWER = "viewer", "Viewer"
+    OPERATOR = "operator", "Operator"
+    OWNER = "owner", "Owner"
+
+
+# Roles allowed to request exports of an account's data.
+EXPORT_ROLES = frozenset({Role.OPERATOR, Role.OWNER})
+
+
+class Membership(models.Model):
+    user = models.ForeignKey(
+        settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="memberships"
+    )
+    account = models.ForeignKey(Account, on_delete=models.CASCADE, related_name="memberships")
+    role = models.CharField(max_length=20, choices=Role.choices, default=Role.VIEWER)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(fields=["user", "account"], name="membership_unique_user_account")
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.user} @ {self.account} ({self.role})"
+
+    @property
+    def can_export(self) -> bool:
+        return self.role in EXPORT_ROLES
+
+
+class Queue(models.TextChoices):
+    """The django-q2 clusters Fairshare runs; each has its own budgets and worker pool."""
+
+    DEFAULT = "default", "default"
+    EXPORTS = "exports", "exports"
+
+
+class Budget(models.Model):
+    """An account's daily allowance on one queue (enforced by admission, see SPEC §4)."""
+
+    account = models.ForeignKey(Account, on_delete=models.CASCADE, related_name="budgets")
+    queue = models.CharField(max_length=40, choices=Queue.choices)
+    cpu_seconds_per_day = models.PositiveIntegerField()
+    max_concurrent = models.PositiveSmallIntegerField()
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(fields=["account", "queue"], name="budget_unique_account_queue")
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.account} / {self.queue}"
+
+
+def hash_token(raw: str) -> str:
+    return hashlib.sha256(raw.encode()).hexdigest()
+
+
+class ApiToken(models.Model):
+    """A bearer token for the JSON API. Only its SHA-256 is stored; the raw token is shown once."""
+
+    PREFIX = "fs_"
+
+    user = models.ForeignKey(
+        settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="api_tokens"
+    )
+    name = models.CharField(max_length=100)
+    key_hash = models.CharField(max_length=64, unique=True, editable=False)
+    hint = models.CharField(max_length=12, editable=False, help_text="First characters, to tell tokens apart.")
+    created_at = models.DateTimeField(auto_now_add=True)
+    last_used_at = models.DateTimeField(null=True, blank=True, editable=False)
+
+    def __str__(self) -> str:
+        return f"{self.name} ({self.hint}…)"
+
+    @classmethod
+    def issue(cls, *, user, name: str) -> tuple["ApiToken", str]:
+        raw = cls.PREFIX + secrets.token_urlsafe(32)
+        token = cls.objects.create(user=user, name=name, key_hash=hash_token(raw), hint=raw[:8])
+        return token, raw

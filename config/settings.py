@@ -1,0 +1,206 @@
+"""Fairshare settings, read from the environment (12-factor).
+
+The defaults run the zero-setup demo: SQLite, local export files, django-q2's ORM broker.
+Production sets DATABASE_URL (PostgreSQL), SECRET_KEY and, optionally, REDIS_URL and S3.
+"""
+import os
+from pathlib import Path
+
+import dj_database_url
+from django.core.exceptions import ImproperlyConfigured
+
+
+def env_bool(name: str, default: bool = False) -> bool:
+    return os.environ.get(name, str(default)).strip().lower() in {"1", "true", "yes", "on"}
+
+
+def env_int(name: str, default: int) -> int:
+    return int(os.environ.get(name, default))
+
+
+BASE_DIR = Path(__file__).resolve().parent.parent
+# Everything the demo writes (SQLite file, export objects, logs) lives under one folder.
+VAR_DIR = Path(os.environ.get("FAIRSHARE_VAR_DIR", BASE_DIR / "var"))
+
+DEBUG = env_bool("DEBUG")
+SECRET_KEY = os.environ.get("SECRET_KEY", "")
+if not SECRET_KEY:
+    if not DEBUG:
+        raise ImproperlyConfigured("SECRET_KEY must be set when DEBUG is off.")
+    SECRET_KEY = "insecure-demo-key-only-for-debug"
+
+ALLOWED_HOSTS = [h for h in os.environ.get("ALLOWED_HOSTS", "127.0.0.1,localhost").split(",") if h]
+if DEBUG:
+    ALLOWED_HOSTS += ["testserver"]
+
+INSTALLED_APPS = [
+    "django.contrib.admin",
+    "django.contrib.auth",
+    "django.contrib.contenttypes",
+    "django.contrib.sessions",
+    "django.contrib.messages",
+    "django.contrib.staticfiles",
+    "django_q",
+    "budgets",
+    "exports",
+    "scheduling",
+]
+
+MIDDLEWARE = [
+    "django.middleware.security.SecurityMiddleware",
+    "django.contrib.sessions.middleware.SessionMiddleware",
+    "django.middleware.common.CommonMiddleware",
+    "django.middleware.csrf.CsrfViewMiddleware",
+    "django.contrib.auth.middleware.AuthenticationMiddleware",
+    "django.contrib.messages.middleware.MessageMiddleware",
+    "django.middleware.clickjacking.XFrameOptionsMiddleware",
+]
+
+ROOT_URLCONF = "config.urls"
+WSGI_APPLICATION = "config.wsgi.application"
+
+TEMPLATES = [
+    {
+        "BACKEND": "django.template.backends.django.DjangoTemplates",
+        "DIRS": [BASE_DIR / "templates"],
+        "APP_DIRS": True,
+        "OPTIONS": {
+            "context_processors": [
+                "django.template.context_processors.request",
+                "django.contrib.auth.context_processors.auth",
+                "django.contrib.messages.context_processors.messages",
+            ],
+        },
+    },
+]
+
+# --- Database -------------------------------------------------------------------------------
+DATABASES = {
+    "default": dj_database_url.config(
+        default=f"sqlite:///{VAR_DIR / 'fairshare.sqlite3'}", conn_max_age=0,
+    )
+}
+if DATABASES["default"]["ENGINE"] == "django.db.backends.sqlite3":
+    Path(DATABASES["default"]["NAME"]).parent.mkdir(parents=True, exist_ok=True)
+    # The demo runs a web server and two qclusters on one SQLite file: take the write lock at
+    # BEGIN (no upgrade deadlocks) and wait for it rather than failing with "database is locked".
+    DATABASES["default"]["OPTIONS"] = {
+        "transaction_mode": "IMMEDIATE",
+        "timeout": 30,
+        "init_command": "PRAGMA journal_mode=WAL; PRAGMA synchronous=NORMAL;",
+    }
+DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
+
+AUTH_PASSWORD_VALIDATORS = [
+    {"NAME": "django.contrib.auth.password_validation.UserAttributeSimilarityValidator"},
+    {"NAME": "django.contrib.auth.password_validation.MinimumLengthValidator"},
+]
+
+LANGUAGE_CODE = "en-us"
+TIME_ZONE = "UTC"
+USE_I18N = True
+USE_TZ = True
+
+STATIC_URL = "static/"
+STATIC_ROOT = VAR_DIR / "static"
+
+# --- Export storage -------------------------------------------------------------------------
+# Local files by default; S3 through django-storages when FAIRSHARE_EXPORTS_S3_BUCKET is set.
+if os.environ.get("FAIRSHARE_EXPORTS_S3_BUCKET"):
+    EXPORTS_STORAGE = {
+        "BACKEND": "storages.backends.s3.S3Storage",
+        "OPTIONS": {
+            "bucket_name": os.environ["FAIRSHARE_EXPORTS_S3_BUCKET"],
+            "endpoint_url": os.environ.get("FAIRSHARE_EXPORTS_S3_ENDPOINT_URL") or None,
+            "region_name": os.environ.get("FAIRSHARE_EXPORTS_S3_REGION") or None,
+            "default_acl": "private",
+            "querystring_auth": True,
+            "file_overwrite": True,
+        },
+    }
+else:
+    EXPORTS_STORAGE = {
+        "BACKEND": "django.core.files.storage.FileSystemStorage",
+        # The key of an export is deterministic: a second publish must replace, never rename.
+        "OPTIONS": {
+            "location": os.environ.get("FAIRSHARE_EXPORTS_ROOT", str(VAR_DIR / "exports")),
+            "allow_overwrite": True,
+            "file_permissions_mode": 0o600,
+        },
+    }
+STORAGES = {
+    "default": {"BACKEND": "django.core.files.storage.FileSystemStorage"},
+    "staticfiles": {"BACKEND": "django.contrib.staticfiles.storage.StaticFilesStorage"},
+    "exports": EXPORTS_STORAGE,
+}
+
+# --- Task queues (django-q2) ----------------------------------------------------------------
+# Two queues from the start, each served by its own `qcluster` pool:
+#   python manage.py qcluster                          -> "default"
+#   Q_CLUSTER_NAME=exports python manage.py qcluster   -> "exports"
+# `retry` must exceed `timeout`: the ORM broker redelivers an unacknowledged task after `retry`
+# seconds even while it is still running (see docs/architecture.md).
+TASK_TIMEOUT_S = env_int("FAIRSHARE_TASK_TIMEOUT", 300)
+EXPORT_TIMEOUT_S = env_int("FAIRSHARE_EXPORT_TIMEOUT", 1800)
+_broker = {"redis": os.environ["REDIS_URL"]} if os.environ.get("REDIS_URL") else {"orm": "default"}
+Q_CLUSTER = {
+    "name": "default",
+    "workers": env_int("FAIRSHARE_WORKERS", 2),
+    "timeout": TASK_TIMEOUT_S,
+    "retry": TASK_TIMEOUT_S + 60,
+    "max_attempts": 3,
+    # Our own TaskRun records every run; keeping django-q2 success rows only costs locks.
+    "save_limit": -1,
+    "poll": float(os.environ.get("FAIRSHARE_POLL", 0.5)),
+    "catch_up": False,
+    "label": "Task queue",
+    **_broker,
+    "ALT_CLUSTERS": {
+        "exports": {
+            "workers": env_int("FAIRSHARE_EXPORT_WORKERS", 2),
+            "timeout": EXPORT_TIMEOUT_S,
+            "retry": EXPORT_TIMEOUT_S + 60,
+        },
+    },
+}
+if DATABASES["default"]["ENGINE"] == "django.db.backends.sqlite3":
+    Q_CLUSTER["workers"] = min(Q_CLUSTER["workers"], 1)
+
+# --- Fairshare ------------------------------------------------------------------------------
+FAIRSHARE = {
+    # Outer to inner, like MIDDLEWARE: each entry wraps everything below it.
+    "TASK_MIDDLEWARE": [
+        "scheduling.middleware.ContractMiddleware",
+        "scheduling.middleware.RunRecordingMiddleware",
+    ],
+    "EXPORT_MAX_RANGE_DAYS": env_int("FAIRSHARE_EXPORT_MAX_RANGE_DAYS", 366),
+    "EXPORT_MAX_ROWS": env_int("FAIRSHARE_EXPORT_MAX_ROWS", 5_000_000),
+    "EXPORT_BATCH_ROWS": env_int("FAIRSHARE_EXPORT_BATCH_ROWS", 10_000),
+    # "copy" (PostgreSQL COPY ... TO STDOUT), "cursor" (server-side cursor) or "auto".
+    "EXPORT_STREAM": os.environ.get("FAIRSHARE_EXPORT_STREAM", "auto"),
+    "EXPORT_LEASE_S": env_int("FAIRSHARE_EXPORT_LEASE", 120),
+    "EXPORT_DOWNLOAD_TTL_S": env_int("FAIRSHARE_EXPORT_DOWNLOAD_TTL", 15 * 60),
+    "EXPORT_RETENTION_DAYS": env_int("FAIRSHARE_EXPORT_RETENTION_DAYS", 7),
+    # Default budgets per plan tier and queue: daily CPU seconds and concurrent tasks.
+    # An operator can override them per account (budgets.Budget).
+    "PLAN_BUDGETS": {
+        "free": {"default": {"cpu_seconds_per_day": 600, "max_concurrent": 1},
+                 "exports": {"cpu_seconds_per_day": 300, "max_concurrent": 1}},
+        "standard": {"default": {"cpu_seconds_per_day": 3600, "max_concurrent": 2},
+                     "exports": {"cpu_seconds_per_day": 1800, "max_concurrent": 1}},
+        "enterprise": {"default": {"cpu_seconds_per_day": 36000, "max_concurrent": 8},
+                       "exports": {"cpu_seconds_per_day": 18000, "max_concurrent": 4}},
+    },
+}
+
+LOGGING = {
+    "version": 1,
+    "disable_existing_loggers": False,
+    "formatters": {"plain": {"format": "%(asctime)s %(levelname)s %(name)s %(message)s"}},
+    "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain"}},
+    "root": {"handlers": ["console"], "level": os.environ.get("LOG_LEVEL", "INFO")},
+    "loggers": {"django_q": {"level": os.environ.get("Q_LOG_LEVEL", "INFO")}},
+}
+
+EMAIL_BACKEND = os.environ.get("EMAIL_BACKEND", "django.core.mail.backends.console.EmailBackend")
+LOGIN_URL = "admin:login"

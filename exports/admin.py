@@ -1,0 +1,50 @@
+from django.contrib import admin
+
+from budgets.admin import AccountScopedAdmin, ReadOnlyAdmin
+from exports.models import ActivityEvent, ExportAttempt, ExportRecord
+
+
+class ExportAttemptInline(admin.TabularInline):
+    model = ExportAttempt
+    extra = 0
+    can_delete = False
+    fields = ["number", "epoch", "outcome", "rows_written", "error_class", "error_message", "worker",
+              "task_run", "started_at", "finished_at"]
+    readonly_fields = fields
+
+    def has_add_permission(self, request, obj=None):
+        return False
+
+
+@admin.register(ExportRecord)
+class ExportRecordAdmin(ReadOnlyAdmin):
+    list_display = ["id", "account", "source", "start_date", "end_date", "status", "progress",
+                    "attempt_count", "row_count", "created_at"]
+    list_filter = ["status", "account", "source"]
+    search_fields = ["id", "idempotency_key", "account__slug"]
+    date_hierarchy = "created_at"
+    list_select_related = ["account"]
+    inlines = [ExportAttemptInline]
+    fieldsets = [
+        (None, {"fields": ["id", "account", "requested_by", "source", "format", "start_date", "end_date",
+                           "idempotency_key", "status", "progress"]}),
+        ("Result", {"fields": ["output_key", "row_count", "byte_size", "checksum_sha256", "completed_at", "expires_at"]}),
+        ("Failure", {"fields": ["error_class", "error_message"]}),
+        ("Attempts and lease", {"fields": ["attempt_count", "attempt_limit", "lease_owner", "lease_epoch",
+                                           "lease_expires_at", "rows_written", "rows_estimated", "created_at",
+                                           "started_at"], "classes": ["collapse"]}),
+    ]
+
+    @admin.display(description="progress")
+    def progress(self, obj):
+        percent = obj.progress_percent
+        return "—" if percent is None else f"{percent}%"
+
+
+@admin.register(ActivityEvent)
+class ActivityEventAdmin(AccountScopedAdmin):
+    list_display = ["occurred_at", "account", "actor_email", "event_type", "amount"]
+    list_filter = ["event_type", "account"]
+    date_hierarchy = "occurred_at"
+    list_select_related = ["account"]
+    show_full_result_count = False

@@ -1,0 +1,22 @@
+"""Parsing of export requests, shared by the JSON API and the `request_export` command.
+
+Forms parse types; the scope rules (membership, range, limits) live in `services.export_request`.
+"""
+from django import forms
+
+
+class ExportRequestForm(forms.Form):
+    start = forms.DateField(input_formats=["%Y-%m-%d"], error_messages={"invalid": "Use a date as YYYY-MM-DD."})
+    end = forms.DateField(input_formats=["%Y-%m-%d"], error_messages={"invalid": "Use a date as YYYY-MM-DD."})
+    format = forms.CharField(required=False, max_length=10)
+    source = forms.CharField(required=False, max_length=40)
+    idempotency_key = forms.CharField(required=False, max_length=200)
+
+    def clean_format(self) -> str:
+        return self.cleaned_data["format"] or "csv"
+
+    def clean_source(self) -> str:
+        return self.cleaned_data["source"] or "activity"
+
+    def error_text(self) -> str:
+        return "; ".join(f"{field}: {' '.join(errors)}" for field, errors in self.errors.items())

@@ -1,0 +1,140 @@
+import uuid
+
+from django.conf import settings
+from django.db import models
+from django.db.models import Q
+
+
+class ExportStatus(models.TextChoices):
+    QUEUED = "queued", "Queued"
+    RUNNING = "running", "Running"
+    SUCCEEDED = "succeeded", "Succeeded"
+    FAILED = "failed", "Failed"
+    CANCELLED = "cancelled", "Cancelled"
+
+
+FINISHED_STATUSES = frozenset({ExportStatus.SUCCEEDED, ExportStatus.FAILED, ExportStatus.CANCELLED})
+
+
+class ExportFormat(models.TextChoices):
+    CSV = "csv", "CSV"
+
+
+class ExportRecord(models.Model):
+    """The durable logical result of one export request; attempts come and go, this stays."""
+
+    id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
+    account = models.ForeignKey("budgets.Account", on_delete=models.CASCADE, related_name="exports")
+    requested_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
+    )
+    # Input scope: inclusive UTC dates.
+    start_date = models.DateField()
+    end_date = models.DateField()
+    format = models.CharField(max_length=10, choices=ExportFormat.choices, default=ExportFormat.CSV)
+    source = models.CharField(max_length=40)
+    idempotency_key = models.CharField(max_length=200, null=True, blank=True)
+
+    status = models.CharField(
+        max_length=20, choices=ExportStatus.choices, default=ExportStatus.QUEUED, db_index=True
+    )
+    attempt_count = models.PositiveSmallIntegerField(default=0)
+    attempt_limit = models.PositiveSmallIntegerField(default=5)
+    # Lease: the attempt holding epoch `lease_epoch` owns the record until `lease_expires_at`.
+    # Every write of an attempt is guarded by its epoch (fencing), so a stale one cannot win.
+    lease_owner = models.CharField(max_length=100, blank=True)
+    lease_epoch = models.PositiveIntegerField(default=0)
+    lease_expires_at = models.DateTimeField(null=True, blank=True)
+
+    output_key = models.CharField(max_length=300, blank=True)
+    checksum_sha256 = models.CharField(max_length=64, blank=True)
+    row_count = models.PositiveBigIntegerField(null=True, blank=True)
+    byte_size = models.PositiveBigIntegerField(null=True, blank=True)
+    rows_written = models.PositiveBigIntegerField(default=0, help_text="Progress of the running attempt")
+    rows_estimated = models.PositiveBigIntegerField(null=True, blank=True)
+    error_class = models.CharField(max_length=200, blank=True)
+    error_message = models.TextField(blank=True, help_text="Redacted before it is stored")
+
+    created_at = models.DateTimeField(auto_now_add=True, db_index=True)
+    started_at = models.DateTimeField(null=True, blank=True)
+    completed_at = models.DateTimeField(null=True, blank=True)
+    expires_at = models.DateTimeField(null=True, blank=True, help_text="When the file is purged")
+
+    class Meta:
+        ordering = ["-created_at"]
+        constraints = [
+            models.UniqueConstraint(
+                fields=["account", "idempotency_key"],
+                condition=Q(idempotency_key__isnull=False),
+                name="export_unique_idempotency_key",
+            ),
+            models.CheckConstraint(condition=Q(start_date__lte=models.F("end_date")), name="export_start_le_end"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.source} {self.start_date}..{self.end_date} ({self.status})"
+
+    @property
+    def is_finished(self) -> bool:
+        return self.status in FINISHED_STATUSES
+
+    @property
+    def progress_percent(self) -> int | None:
+        if self.status == ExportStatus.SUCCEEDED:
+            return 100
+        if not self.rows_estimated:
+            return None
+        return min(99, int(100 * self.rows_written / self.rows_estimated))
+
+
+class AttemptOutcome(models.TextChoices):
+    RUNNING = "running", "Running"
+    SUCCEEDED = "succeeded", "Succeeded"
+    FAILED = "failed", "Failed"
+    CANCELLED = "cancelled", "Cancelled"
+    # Lost its lease to a newer attempt; its writes were fenced out.
+    SUPERSEDED = "superseded", "Superseded"
+
+
+class ExportAttempt(models.Model):
+    """One try at an export, linked to the TaskRun that made it."""
+
+    export = models.ForeignKey(ExportRecord, on_delete=models.CASCADE, related_name="attempts")
+    number = models.PositiveSmallIntegerField()
+    epoch = models.PositiveIntegerField()
+    task_run = models.ForeignKey(
+        "scheduling.TaskRun", null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
+    )
+    worker = models.CharField(max_length=100, blank=True)
+    outcome = models.CharField(max_length=20, choices=AttemptOutcome.choices, default=AttemptOutcome.RUNNING)
+    error_class = models.CharField(max_length=200, blank=True)
+    error_message = models.TextField(blank=True, help_text="Redacted before it is stored")
+    rows_written = models.PositiveBigIntegerField(default=0)
+    started_at = models.DateTimeField(auto_now_add=True)
+    finished_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["export", "number"]
+        constraints = [
+            models.UniqueConstraint(fields=["export", "epoch"], name="attempt_unique_export_epoch")
+        ]
+
+    def __str__(self) -> str:
+        return f"attempt {self.number} of {self.export_id}"
+
+
+class ActivityEvent(models.Model):
+    """Sample account activity, standing in for the host SaaS's own report data."""
+
+    account = models.ForeignKey("budgets.Account", on_delete=models.CASCADE, related_name="+")
+    occurred_at = models.DateTimeField()
+    actor_email = models.CharField(max_length=254)
+    event_type = models.CharField(max_length=50)
+    amount = models.DecimalField(max_digits=12, decimal_places=2)
+    description = models.TextField(blank=True)
+
+    class Meta:
+        indexes = [models.Index(fields=["account", "occurred_at", "id"], name="activity_account_time")]
+
+    def __str__(self) -> str:
+        return f"{self.event_type} by {self.actor_email}"

@@ -1,0 +1,42 @@
+from django.db import models
+
+
+class Outcome(models.TextChoices):
+    RUNNING = "running", "Running"
+    SUCCEEDED = "succeeded", "Succeeded"
+    # The handler decided there was nothing to do (e.g. the export was already finished or
+    # another worker holds its lease): a duplicate delivery, harmless by design.
+    SKIPPED = "skipped", "Skipped"
+    FAILED = "failed", "Failed"
+    # The message itself was unusable (malformed envelope, unknown version or job).
+    REJECTED = "rejected", "Rejected (contract)"
+
+
+class TaskRun(models.Model):
+    """One execution of one job, written by the runner's recording middleware."""
+
+    account = models.ForeignKey(
+        "budgets.Account", null=True, blank=True, on_delete=models.SET_NULL, related_name="task_runs"
+    )
+    job = models.CharField(max_length=100, db_index=True)
+    queue = models.CharField(max_length=40, default="default")
+    ref = models.CharField(max_length=64, blank=True, db_index=True)
+    worker = models.CharField(max_length=100, blank=True, help_text="host:pid of the worker process")
+    started_at = models.DateTimeField(db_index=True)
+    finished_at = models.DateTimeField(null=True, blank=True)
+    outcome = models.CharField(max_length=20, choices=Outcome.choices, default=Outcome.RUNNING)
+    cpu_ms = models.PositiveIntegerField(default=0)
+    wall_ms = models.PositiveIntegerField(default=0)
+    db_wait_ms = models.PositiveIntegerField(default=0)
+    storage_wait_ms = models.PositiveIntegerField(default=0)
+    items = models.PositiveBigIntegerField(default=0)
+    peak_rss_kb = models.PositiveIntegerField(default=0, help_text="Worker process peak RSS after the run")
+    error_class = models.CharField(max_length=200, blank=True)
+    error_message = models.TextField(blank=True, help_text="Redacted before it is stored")
+
+    class Meta:
+        ordering = ["-started_at"]
+        indexes = [models.Index(fields=["account", "started_at"], name="taskrun_account_started")]
+
+    def __str__(self) -> str:
+        return f"{self.job} {self.ref} [{self.outcome}]"

@@ -1,0 +1,70 @@
+"""The one entry point django-q2 runs, and the one way Fairshare enqueues work.
+
+Every job travels as an envelope to `scheduling.runtime.execute`, which runs the task middleware
+chain (settings.FAIRSHARE["TASK_MIDDLEWARE"], outermost first) around the job's handler.
+"""
+import functools
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from django.conf import settings
+from django.db import transaction
+from django.utils.module_loading import import_string
+from django_q.tasks import async_task
+
+from budgets.metering import Meter
+from scheduling.envelope import Envelope
+from scheduling.models import TaskRun
+from scheduling.registry import Job, get_job
+
+RUNNER = "scheduling.runtime.execute"
+
+
+@dataclass
+class TaskContext:
+    """What middleware and handlers share about one run."""
+
+    message: Any
+    envelope: Envelope | None = None
+    job: Job | None = None
+    run: TaskRun | None = None
+    meter: Meter = field(default_factory=Meter)
+    # Set by the handler: how many items it processed, and "skipped" when it had nothing to do.
+    items: int = 0
+    outcome: str | None = None
+
+
+TaskCall = Callable[[TaskContext], None]
+
+
+def enqueue(*, job: str, account: int | None, ref: str) -> str:
+    """Ring the doorbell for a job now. Prefer `enqueue_on_commit` inside a transaction."""
+    spec = get_job(job)
+    envelope = Envelope(job=spec.name, account=account, ref=str(ref))
+    return async_task(
+        RUNNER, envelope.to_message(), cluster=spec.queue, task_name=f"{spec.name}:{ref}"[:100],
+    )
+
+
+def enqueue_on_commit(*, job: str, account: int | None, ref: str) -> None:
+    # Enqueue only once the rows the job will load are visible to other connections.
+    get_job(job)  # fail fast, in the caller, on an unknown job name
+    transaction.on_commit(lambda: enqueue(job=job, account=account, ref=ref))
+
+
+def _call_handler(ctx: TaskContext) -> None:
+    ctx.job.handler(ctx)
+
+
+@functools.cache
+def _chain() -> TaskCall:
+    call: TaskCall = _call_handler
+    for path in reversed(settings.FAIRSHARE["TASK_MIDDLEWARE"]):
+        call = import_string(path)(call)
+    return call
+
+
+def execute(message: Any) -> None:
+    """The django-q2 task function: takes the envelope as its only argument."""
+    _chain()(TaskContext(message=message))

@@ -1,0 +1,57 @@
+"""Writes of the scheduling app: task runs."""
+import os
+import socket
+
+from django.db.models.functions import Now
+from django.utils import timezone
+
+from budgets.metering import Meter
+from scheduling.models import Outcome, TaskRun
+from scheduling.redaction import describe_error, redact
+
+
+
+def worker_id() -> str:
+    # Re-read the pid: django-q2 forks worker processes after this module may have been imported.
+    return f"{socket.gethostname()}:{os.getpid()}"
+
+
+def task_run_start(*, job: str, queue: str, account_id: int | None, ref: str) -> TaskRun:
+    return TaskRun.objects.create(
+        job=job, queue=queue, account_id=account_id, ref=ref, worker=worker_id(),
+        started_at=timezone.now(),
+    )
+
+
+def task_run_finish(
+    *, run: TaskRun, outcome: str, meter: Meter, items: int, error: BaseException | None = None,
+) -> None:
+    error_class, error_message = describe_error(error) if error is not None else ("", "")
+    TaskRun.objects.filter(pk=run.pk).update(
+        outcome=outcome, finished_at=Now(), cpu_ms=meter.cpu_ms, wall_ms=meter.wall_ms,
+        db_wait_ms=round(meter.db_wait_ms), storage_wait_ms=round(meter.storage_wait_ms),
+        items=items, peak_rss_kb=meter.peak_rss_kb,
+        error_class=error_class, error_message=error_message,
+    )
+
+
+def task_run_reject(*, message: object, error: BaseException) -> TaskRun:
+    """Record a message that broke the contract, so it is inspectable rather than dropped."""
+    job = message.get("job") if isinstance(message, dict) else None
+    account = message.get("account") if isinstance(message, dict) else None
+    ref = message.get("ref") if isinstance(message, dict) else None
+    error_class, error_message = describe_error(error)
+    now = timezone.now()
+    return TaskRun.objects.create(
+        job=redact(str(job))[:100] if job is not None else "(malformed)",
+        account_id=account if isinstance(account, int) and not isinstance(account, bool) and _account_exists(account) else None,
+        ref=redact(str(ref))[:64] if ref is not None else "",
+        worker=worker_id(), started_at=now, finished_at=now, outcome=Outcome.REJECTED,
+        error_class=error_class, error_message=error_message,
+    )
+
+
+def _account_exists(account_id: int) -> bool:
+    from budgets.models import Account
+
+    return Account.objects.filter(pk=account_id).exists()
