@@ -1,0 +1,187 @@
+# shellcheck shell=bash
+# Shared helpers for scripts/test and scripts/demo. Source it; don't run it.
+#
+#   source scripts/lib.sh
+#   ensure_venv requirements-dev.txt   # .venv with those packages, on PATH
+#   find_postgres                      # exports DATABASE_URL (or exits 2)
+#   ensure_redis                       # exports FAIRSHARE_TEST_REDIS_URL if it can
+#
+# The sourcing script is expected to run under `set -euo pipefail`; every
+# command here that may legitimately fail is guarded accordingly.
+
+# Repository root = parent of the directory holding this file.
+FAIRSHARE_ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+export FAIRSHARE_ROOT
+
+log() { printf '[fairshare] %s\n' "$*" >&2; }
+die() {
+  # die EXIT_CODE MESSAGE...
+  local code="$1"
+  shift
+  printf '[fairshare] ERROR: %s\n' "$*" >&2
+  exit "$code"
+}
+
+# Hide the password part of a URL before printing it.
+redact_url() { printf '%s' "$1" | sed -E 's#(//[^:/@]+):[^@/]*@#\1:***@#'; }
+
+# ---------------------------------------------------------------------------
+# ensure_venv REQUIREMENTS_FILE
+#   Creates $FAIRSHARE_ROOT/.venv if missing (or unusable), installs the given
+#   requirements file into it unless the stamp file says that exact content is
+#   already installed, and puts .venv/bin first on PATH.
+# ---------------------------------------------------------------------------
+ensure_venv() {
+  local req="${1:?usage: ensure_venv REQUIREMENTS_FILE}"
+  local venv="$FAIRSHARE_ROOT/.venv"
+  local req_path="$FAIRSHARE_ROOT/$req"
+  [[ -f "$req_path" ]] || die 1 "requirements file not found: $req_path"
+
+  # A venv copied from another machine (or whose base python vanished) has a
+  # python that doesn't start: rebuild it rather than fail later in pip.
+  if [[ -d "$venv" ]] && ! "$venv/bin/python" -c 'import sys' >/dev/null 2>&1; then
+    log "existing .venv is unusable; recreating it"
+    rm -rf "$venv"
+  fi
+  if [[ ! -d "$venv" ]]; then
+    log "creating virtualenv in .venv"
+    python3 -m venv "$venv"
+  fi
+
+  # The stamp holds the sha256 of the requested file plus requirements.txt
+  # (requirements-dev.txt includes it with -r), so editing either re-installs.
+  local stamp digest
+  stamp="$venv/.installed-$(basename "$req")"
+  digest="$(cat "$req_path" "$FAIRSHARE_ROOT/requirements.txt" | sha256sum | cut -d' ' -f1)"
+  if [[ -f "$stamp" && "$(cat "$stamp")" == "$digest" ]]; then
+    log "packages from $req already installed (stamp matches)"
+  else
+    log "installing packages from $req into .venv"
+    # cd so that the relative `-r requirements.txt` inside the file resolves.
+    (cd "$FAIRSHARE_ROOT" && "$venv/bin/python" -m pip install -q --disable-pip-version-check -r "$req")
+    printf '%s\n' "$digest" >"$stamp"
+  fi
+
+  export VIRTUAL_ENV="$venv"
+  export PATH="$venv/bin:$PATH"
+  hash -r
+}
+
+# True if something accepts TCP connections on HOST PORT (used only when
+# pg_isready is not installed).
+_tcp_open() {
+  (exec 3<>"/dev/tcp/$1/$2") >/dev/null 2>&1
+}
+
+_pg_ready_local() {
+  if command -v pg_isready >/dev/null 2>&1; then
+    pg_isready -q -h 127.0.0.1 -p 5432 -t 3
+  else
+    _tcp_open 127.0.0.1 5432
+  fi
+}
+
+# ---------------------------------------------------------------------------
+# find_postgres
+#   Uses $DATABASE_URL if set; otherwise finds (or starts) the local server on
+#   127.0.0.1:5432 and exports DATABASE_URL for database `fairshare`.
+#   Exits 2 with an explanation when no PostgreSQL can be reached.
+# ---------------------------------------------------------------------------
+find_postgres() {
+  local hint="Fairshare's tests need PostgreSQL: set DATABASE_URL=postgres://USER[:PASSWORD]@HOST:PORT/DBNAME or run a server on 127.0.0.1:5432 that accepts user 'postgres' without a password (trust auth)."
+
+  if [[ -n "${DATABASE_URL:-}" ]]; then
+    case "$DATABASE_URL" in
+      postgres://* | postgresql://*)
+        if command -v pg_isready >/dev/null 2>&1; then
+          if ! pg_isready -q -d "$DATABASE_URL" -t 5; then
+            printf '%s\n' "DATABASE_URL=$(redact_url "$DATABASE_URL") is set but its PostgreSQL server is not reachable." >&2
+            die 2 "$hint"
+          fi
+        else
+          log "pg_isready not installed; not checking DATABASE_URL reachability"
+        fi
+        ;;
+      *)
+        log "DATABASE_URL is not a PostgreSQL URL; using it unchecked: $(redact_url "$DATABASE_URL")"
+        ;;
+    esac
+    export DATABASE_URL
+    log "using DATABASE_URL=$(redact_url "$DATABASE_URL")"
+    return 0
+  fi
+
+  if ! _pg_ready_local; then
+    if [[ -d /etc/postgresql ]] && command -v pg_ctlcluster >/dev/null 2>&1; then
+      local version
+      # shellcheck disable=SC2012 # directory names are plain versions (15, 16)
+      version="$(ls /etc/postgresql | head -1)"
+      if [[ -n "$version" ]]; then
+        log "PostgreSQL not answering on 127.0.0.1:5432; starting cluster $version/main"
+        # Failure here (e.g. already starting, not root) is judged by the
+        # readiness wait below, not by this exit code.
+        pg_ctlcluster --skip-systemctl-redirect "$version" main start >&2 || true
+        local i
+        for ((i = 0; i < 30; i++)); do
+          _pg_ready_local && break
+          sleep 1
+        done
+      fi
+    fi
+  fi
+  _pg_ready_local || die 2 "$hint"
+
+  export DATABASE_URL="postgres://postgres@127.0.0.1:5432/fairshare"
+
+  # The test runner creates test_fairshare itself; the base database only
+  # avoids Django's "falling back to the postgres database" warning.
+  if command -v createdb >/dev/null 2>&1; then
+    local out
+    if ! out="$(createdb -h 127.0.0.1 -p 5432 -U postgres fairshare 2>&1)"; then
+      case "$out" in
+        *"already exists"*) ;;
+        *) log "note: could not create database 'fairshare' (continuing): $out" ;;
+      esac
+    fi
+  fi
+  log "using DATABASE_URL=$DATABASE_URL"
+}
+
+# ---------------------------------------------------------------------------
+# ensure_redis
+#   Optional: makes a local Redis available for the tests that want one and
+#   exports FAIRSHARE_TEST_REDIS_URL (db 15). Never fails the caller.
+# ---------------------------------------------------------------------------
+_redis_ping() {
+  if command -v redis-cli >/dev/null 2>&1; then
+    [[ "$(redis-cli -h 127.0.0.1 -p 6379 ping 2>/dev/null)" == "PONG" ]]
+  else
+    _tcp_open 127.0.0.1 6379
+  fi
+}
+
+ensure_redis() {
+  if [[ -n "${FAIRSHARE_TEST_REDIS_URL:-}" ]]; then
+    log "using FAIRSHARE_TEST_REDIS_URL=$(redact_url "$FAIRSHARE_TEST_REDIS_URL") from the environment"
+    return 0
+  fi
+  if ! _redis_ping; then
+    if command -v redis-server >/dev/null 2>&1; then
+      log "Redis not answering on 127.0.0.1:6379; starting a throwaway redis-server"
+      # No persistence: it keeps nothing on disk.
+      redis-server --daemonize yes --bind 127.0.0.1 --port 6379 --save "" --appendonly no >/dev/null 2>&1 || true
+      local i
+      for ((i = 0; i < 10; i++)); do
+        _redis_ping && break
+        sleep 0.5
+      done
+    fi
+  fi
+  if _redis_ping; then
+    export FAIRSHARE_TEST_REDIS_URL="redis://127.0.0.1:6379/15"
+    log "using FAIRSHARE_TEST_REDIS_URL=$FAIRSHARE_TEST_REDIS_URL"
+  else
+    log "Redis not available; tests that need it will be skipped"
+  fi
+  return 0
+}

@@ -1,0 +1,94 @@
+"""Request -> real qcluster worker -> published file -> authorised download (PostgreSQL)."""
+import csv
+import datetime as dt
+import hashlib
+import io
+from decimal import Decimal
+
+import pytest
+from django.test import Client
+
+from exports.models import ExportRecord, ExportStatus
+from exports.services import export_request
+from scheduling.models import Outcome, TaskRun
+from tests.conftest import wait_for
+from tests.factories import ActivityEventFactory
+
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.processes]
+
+
+def _event(account, day: int, hour: int, **kw):
+    return ActivityEventFactory(account=account, occurred_at=dt.datetime(2026, 3, day, hour, tzinfo=dt.UTC), **kw)
+
+
+def test_export_runs_through_a_real_worker_and_downloads_exactly_the_accounts_range(
+    account, other_account, owner, start_cluster,
+):
+    inside = [
+        _event(account, 2, 0, description="first of the range"),
+        _event(account, 3, 12, amount=Decimal("-7.25"), description='quote " comma , newline\nend'),
+        _event(account, 4, 23, description='=HYPERLINK("http://evil.example","x")'),
+    ]
+    _event(account, 1, 23, description="the day before")          # outside the range
+    _event(account, 5, 0, description="the day after")            # outside the range
+    _event(other_account, 3, 12, description="someone else's row")  # other account
+    cluster = start_cluster("exports")
+
+    record, created = export_request(
+        account_slug="acme", user=owner, start=dt.date(2026, 3, 2), end=dt.date(2026, 3, 4),
+    )
+    assert created
+
+    def finished():
+        record.refresh_from_db()
+        return record.is_finished
+
+    wait_for(finished, timeout=60, message=f"export to finish; worker log:\n{cluster.log()}")
+    assert record.status == ExportStatus.SUCCEEDED, (record.error_class, record.error_message, cluster.log())
+
+    client = Client()
+    client.force_login(owner)
+    link = client.get(f"/api/exports/{record.pk}/download/")
+    assert link.status_code == 302
+    response = client.get(link["Location"])
+    assert response.status_code == 200
+    body = b"".join(response.streaming_content)
+
+    rows = list(csv.reader(io.StringIO(body.decode())))
+    assert rows[0] == ["occurred_at", "actor_email", "event_type", "amount", "description"]
+    assert rows[1:] == [
+        [e.occurred_at.strftime("%Y-%m-%dT%H:%M:%SZ"), e.actor_email, e.event_type, str(e.amount),
+         e.description if not e.description.startswith("=") else "'" + e.description]
+        for e in inside
+    ]
+    assert record.row_count == 3
+    assert record.byte_size == len(body)
+    assert record.checksum_sha256 == hashlib.sha256(body).hexdigest()
+    assert record.output_key == f"exports/{account.pk}/{record.pk}.csv"
+
+    run = TaskRun.objects.get(job="exports.build", ref=str(record.pk))
+    assert run.outcome == Outcome.SUCCEEDED and run.items == 3 and run.account_id == account.pk
+    attempt = record.attempts.get()
+    assert attempt.outcome == "succeeded" and attempt.task_run_id == run.pk
+
+
+def test_idempotency_key_gives_one_export_even_for_concurrent_requests(account, owner):
+    from concurrent.futures import ThreadPoolExecutor
+
+    from django.db import connections
+
+    def request(_):
+        try:
+            record, created = export_request(
+                account_slug="acme", user=owner, start=dt.date(2026, 3, 1), end=dt.date(2026, 3, 31),
+                idempotency_key="nightly-2026-03",
+            )
+            return record.pk, created
+        finally:
+            connections.close_all()
+
+    with ThreadPoolExecutor(max_workers=8) as pool:
+        results = list(pool.map(request, range(8)))
+    assert len({pk for pk, _ in results}) == 1
+    assert sum(created for _, created in results) == 1
+    assert ExportRecord.objects.filter(account=account).count() == 1
