@@ -46,6 +46,8 @@ class Meter:
     db_wait_ms: float = 0.0
     storage_wait_ms: float = 0.0
     peak_rss_kb: int = 0
+    _started: tuple[float, float] = field(default=(0.0, 0.0), repr=False)
+    _stopped: bool = field(default=False, repr=False)
     # True while blocked in a streaming read that db_reads() already times (no double count).
     _in_read: bool = field(default=False, repr=False)
 
@@ -53,16 +55,26 @@ class Meter:
     def measure(self) -> Iterator["Meter"]:
         """Meter everything inside the block, including every SQL statement on any connection."""
         _reset_peak_rss()
-        cpu0, wall0 = time.process_time(), time.perf_counter()
+        self._started = (time.process_time(), time.perf_counter())
+        self._stopped = False
         with contextlib.ExitStack() as stack:
             for alias in connections:
                 stack.enter_context(connections[alias].execute_wrapper(self._time_query))
             try:
                 yield self
             finally:
-                self.cpu_ms = round((time.process_time() - cpu0) * 1000)
-                self.wall_ms = round((time.perf_counter() - wall0) * 1000)
-                self.peak_rss_kb = peak_rss_kb()
+                self.stop()
+
+    def stop(self) -> None:
+        """Fix the figures now (idempotent). Settlement stops the meter so that the ledger is
+        charged exactly what the TaskRun records."""
+        if self._stopped:
+            return
+        self._stopped = True
+        cpu0, wall0 = self._started
+        self.cpu_ms = round((time.process_time() - cpu0) * 1000)
+        self.wall_ms = round((time.perf_counter() - wall0) * 1000)
+        self.peak_rss_kb = peak_rss_kb()
 
     def _time_query(self, execute, sql, params, many, context):
         if self._in_read:

@@ -82,6 +82,66 @@ class Budget(models.Model):
         return f"{self.account} / {self.queue}"
 
 
+class UsageDay(models.Model):
+    """The usage ledger: one row per account, queue and budget day.
+
+    Changed only by atomic SQL (`F()` updates under the budget's row lock), never read-modify-write.
+    """
+
+    account = models.ForeignKey(Account, on_delete=models.CASCADE, related_name="usage_days")
+    queue = models.CharField(max_length=40, choices=Queue.choices)
+    day = models.DateField()
+    cpu_used_ms = models.BigIntegerField(default=0)
+    cpu_reserved_ms = models.BigIntegerField(default=0)
+    wall_ms = models.BigIntegerField(default=0)
+    db_wait_ms = models.BigIntegerField(default=0)
+    storage_wait_ms = models.BigIntegerField(default=0)
+    runs = models.PositiveIntegerField(default=0)
+    deferrals = models.PositiveIntegerField(default=0)
+    cap_hits = models.PositiveIntegerField(default=0)
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(fields=["account", "queue", "day"], name="usageday_unique_account_queue_day")
+        ]
+        ordering = ["-day", "account", "queue"]
+
+    def __str__(self) -> str:
+        return f"{self.account} / {self.queue} / {self.day}"
+
+
+class ReservationStatus(models.TextChoices):
+    ACTIVE = "active", "Active (holds a slot)"
+    # The run stopped heart-beating (its worker died): slot and reservation were given back and
+    # the CPU it had reported was charged. If it turns out to be alive after all, its settlement
+    # charges only the remainder.
+    RECLAIMED = "reclaimed", "Reclaimed"
+
+
+class Reservation(models.Model):
+    """A running task's concurrency slot and CPU reservation, from admission to settlement."""
+
+    account = models.ForeignKey(Account, on_delete=models.CASCADE, related_name="reservations")
+    queue = models.CharField(max_length=40, choices=Queue.choices)
+    day = models.DateField(help_text="The budget day the run is charged to")
+    job = models.CharField(max_length=100)
+    ref = models.CharField(max_length=64, blank=True)
+    task_run = models.OneToOneField("scheduling.TaskRun", null=True, blank=True, on_delete=models.SET_NULL, related_name="reservation")
+    worker = models.CharField(max_length=100, blank=True)
+    status = models.CharField(max_length=20, choices=ReservationStatus.choices, default=ReservationStatus.ACTIVE)
+    cpu_reserved_ms = models.BigIntegerField()
+    cpu_reported_ms = models.BigIntegerField(default=0, help_text="CPU the run had used at its last heartbeat")
+    cpu_charged_ms = models.BigIntegerField(default=0, help_text="CPU already charged by a reclaim")
+    created_at = models.DateTimeField(auto_now_add=True)
+    lease_expires_at = models.DateTimeField()
+
+    class Meta:
+        indexes = [models.Index(fields=["account", "queue", "status"], name="reservation_slots")]
+
+    def __str__(self) -> str:
+        return f"{self.job} {self.ref} ({self.status})"
+
+
 def hash_token(raw: str) -> str:
     return hashlib.sha256(raw.encode()).hexdigest()
 

@@ -1,7 +1,12 @@
-"""Reads of the budgets app shared by the admin, the API and the jobs."""
+"""Reads of the budgets app shared by the admin, the API, the commands and the jobs."""
+import datetime as dt
+from collections import Counter
+from dataclasses import dataclass
+
 from django.db.models import QuerySet
 
-from budgets.models import Account, Membership
+from budgets import clock
+from budgets.models import Account, Budget, Membership, Reservation, ReservationStatus, UsageDay
 
 
 def membership_of(*, user, account: Account) -> Membership | None:
@@ -24,3 +29,46 @@ def accounts_visible_to(*, user) -> QuerySet[Account]:
     if user.is_superuser:
         return Account.objects.all()
     return Account.objects.filter(memberships__user=user)
+
+
+@dataclass(frozen=True)
+class BudgetStatus:
+    account: str
+    queue: str
+    day: dt.date
+    cpu_limit_ms: int
+    cpu_used_ms: int
+    cpu_reserved_ms: int
+    running: int
+    max_concurrent: int
+    held: int
+    next_reset: dt.datetime
+
+    @property
+    def cpu_remaining_ms(self) -> int:
+        return max(0, self.cpu_limit_ms - self.cpu_used_ms - self.cpu_reserved_ms)
+
+
+def budget_status(*, accounts: QuerySet[Account] | None = None) -> list[BudgetStatus]:
+    """Today's limit, use, reservations, running and held work per account and queue."""
+    from scheduling.models import DeferredTask
+
+    day = clock.budget_day()
+    accounts = (accounts if accounts is not None else Account.objects.all()).order_by("slug")
+    budgets = Budget.objects.filter(account__in=accounts).select_related("account").order_by("account__slug", "queue")
+    usage = {(u.account_id, u.queue): u for u in UsageDay.objects.filter(account__in=accounts, day=day)}
+    running = Counter(Reservation.objects.filter(account__in=accounts, status=ReservationStatus.ACTIVE)
+                      .values_list("account_id", "queue"))
+    held = Counter(DeferredTask.objects.filter(account__in=accounts).values_list("account_id", "queue"))
+    reset = clock.next_reset()
+    rows = []
+    for budget in budgets:
+        key = (budget.account_id, budget.queue)
+        used = usage.get(key)
+        rows.append(BudgetStatus(
+            account=budget.account.slug, queue=budget.queue, day=day,
+            cpu_limit_ms=budget.cpu_seconds_per_day * 1000,
+            cpu_used_ms=used.cpu_used_ms if used else 0, cpu_reserved_ms=used.cpu_reserved_ms if used else 0,
+            running=running[key], max_concurrent=budget.max_concurrent, held=held[key], next_reset=reset,
+        ))
+    return rows

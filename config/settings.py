@@ -172,7 +172,10 @@ FAIRSHARE = {
     "TASK_MIDDLEWARE": [
         "scheduling.middleware.ContractMiddleware",
         "scheduling.middleware.RunRecordingMiddleware",
+        "budgets.middleware.BudgetMiddleware",
     ],
+    # Job modules outside INSTALLED_APPS' `jobs.py` (comma-separated), e.g. the test suite's.
+    "EXTRA_JOB_MODULES": [m for m in os.environ.get("FAIRSHARE_EXTRA_JOB_MODULES", "").split(",") if m],
     "EXPORT_MAX_RANGE_DAYS": env_int("FAIRSHARE_EXPORT_MAX_RANGE_DAYS", 366),
     "EXPORT_MAX_ROWS": env_int("FAIRSHARE_EXPORT_MAX_ROWS", 5_000_000),
     "EXPORT_BATCH_ROWS": env_int("FAIRSHARE_EXPORT_BATCH_ROWS", 10_000),
@@ -181,6 +184,13 @@ FAIRSHARE = {
     "EXPORT_LEASE_S": env_int("FAIRSHARE_EXPORT_LEASE", 120),
     "EXPORT_DOWNLOAD_TTL_S": env_int("FAIRSHARE_EXPORT_DOWNLOAD_TTL", 15 * 60),
     "EXPORT_RETENTION_DAYS": env_int("FAIRSHARE_EXPORT_RETENTION_DAYS", 7),
+    "BUDGET_DAY_TIMEZONE": os.environ.get("FAIRSHARE_BUDGET_DAY_TIMEZONE", "UTC"),
+    # Shifts the budget clock only (tests and rehearsals); never set in production.
+    "CLOCK_OFFSET_S": env_int("FAIRSHARE_CLOCK_OFFSET", 0),
+    # A running task's reservation and slot are reclaimed when its worker stops heart-beating
+    # for this long (the worker died); heartbeats come every RESERVATION_HEARTBEAT_S.
+    "RESERVATION_LEASE_S": env_int("FAIRSHARE_RESERVATION_LEASE", 60),
+    "RESERVATION_HEARTBEAT_S": float(os.environ.get("FAIRSHARE_RESERVATION_HEARTBEAT", 5)),
     # Default budgets per plan tier and queue: daily CPU seconds and concurrent tasks.
     # An operator can override them per account (budgets.Budget).
     "PLAN_BUDGETS": {

@@ -15,6 +15,7 @@ def build(ctx) -> None:
         raise ContractError("exports.build needs an export id as its ref") from None
     result = services.export_build(
         export_id=export_id, account_id=ctx.envelope.account, owner=worker_id(), meter=ctx.meter, task_run=ctx.run,
+        budget=ctx.budget,
     )
     ctx.items = result.rows
     ctx.outcome = result.outcome

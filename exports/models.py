@@ -94,6 +94,8 @@ class AttemptOutcome(models.TextChoices):
     CANCELLED = "cancelled", "Cancelled"
     # Lost its lease to a newer attempt; its writes were fenced out.
     SUPERSEDED = "superseded", "Superseded"
+    # Stopped by the account's daily CPU cap; the export waits for the next budget day.
+    BUDGET_EXHAUSTED = "budget_exhausted", "Budget exhausted"
 
 
 class ExportAttempt(models.Model):

@@ -11,6 +11,7 @@ from django.db.models import F
 from django.db.models.functions import Coalesce, Now
 from django.utils import timezone
 
+from budgets.limits import BudgetExhausted, RunBudget, UnlimitedBudget
 from budgets.metering import Meter
 from budgets.models import Account
 from budgets.selectors import can_export, membership_of
@@ -193,6 +194,16 @@ def export_complete(*, export_id: UUID, epoch: int, key: str, rows: int, byte_si
     ) == 1
 
 
+def export_requeue(*, export_id: UUID, epoch: int) -> bool:
+    """Give the claim back (the run was stopped by the budget cap): queued again, and the attempt
+    it spent is returned — waiting for budget never uses up an export's attempts."""
+    return ExportRecord.objects.filter(
+        pk=export_id, status=ExportStatus.RUNNING, lease_epoch=epoch,
+    ).update(
+        status=ExportStatus.QUEUED, attempt_count=F("attempt_count") - 1, lease_expires_at=None, rows_written=0,
+    ) == 1
+
+
 def export_fail(*, export_id: UUID, epoch: int, error: BaseException) -> bool:
     error_class, message = describe_error(error)
     return ExportRecord.objects.filter(
@@ -218,8 +229,15 @@ def _authorise(record: ExportRecord) -> None:
         raise ExportNotAuthorised("the requester may no longer export this account")
 
 
-def export_build(*, export_id: UUID, account_id: int, owner: str, meter: Meter, task_run: TaskRun | None = None) -> BuildResult:
-    """One attempt: claim, stream to a temporary file, publish under the export's key, complete."""
+def export_build(
+    *, export_id: UUID, account_id: int, owner: str, meter: Meter, task_run: TaskRun | None = None,
+    budget: RunBudget | None = None,
+) -> BuildResult:
+    """One attempt: claim, stream to a temporary file, publish under the export's key, complete.
+
+    Between batches it renews its lease and checks the run's CPU budget (raising BudgetExhausted,
+    which the budget middleware turns into a hold until the next budget day)."""
+    budget = budget or UnlimitedBudget()
     attempt = export_claim(export_id=export_id, account_id=account_id, owner=owner, task_run=task_run)
     if attempt is None:
         return BuildResult(outcome=Outcome.SKIPPED)
@@ -231,6 +249,7 @@ def export_build(*, export_id: UUID, account_id: int, owner: str, meter: Meter, 
         nonlocal rows
         rows = rows_so_far
         export_heartbeat(export_id=record.pk, epoch=epoch, rows_written=rows_so_far)
+        budget.check()
 
     try:
         _authorise(record)
@@ -254,6 +273,10 @@ def export_build(*, export_id: UUID, account_id: int, owner: str, meter: Meter, 
     except ExportSuperseded:
         _attempt_finish(attempt, outcome=AttemptOutcome.SUPERSEDED, rows=rows)
         return BuildResult(outcome=Outcome.SKIPPED, rows=rows)
+    except BudgetExhausted:
+        export_requeue(export_id=record.pk, epoch=epoch)
+        _attempt_finish(attempt, outcome=AttemptOutcome.BUDGET_EXHAUSTED, rows=rows)
+        raise
     except BaseException as exc:
         try:
             export_fail(export_id=record.pk, epoch=epoch, error=exc)

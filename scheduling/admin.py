@@ -1,7 +1,10 @@
-from django.contrib import admin
+from django.contrib import admin, messages
+from django.utils import timezone
+from django.utils.timesince import timeuntil
 
 from budgets.admin import ReadOnlyAdmin
-from scheduling.models import TaskRun
+from scheduling.models import DeferredTask, TaskRun
+from scheduling.services import release_now
 
 
 @admin.register(TaskRun)
@@ -13,3 +16,28 @@ class TaskRunAdmin(ReadOnlyAdmin):
     date_hierarchy = "started_at"
     list_select_related = ["account"]
     show_full_result_count = False
+
+
+@admin.register(DeferredTask)
+class DeferredTaskAdmin(ReadOnlyAdmin):
+    """The holding area: why is this waiting, and until when?"""
+
+    list_display = ["job", "ref", "account", "queue", "reason", "eligible_at", "eta", "deferrals", "created_at"]
+    list_filter = ["reason", "queue", "job", "account"]
+    search_fields = ["ref", "job"]
+    list_select_related = ["account"]
+    actions = ["release"]
+
+    @admin.display(description="ETA")
+    def eta(self, obj):
+        if obj.eligible_at <= timezone.now():
+            return "when a slot frees"
+        return f"in {timeuntil(obj.eligible_at)}"
+
+    @admin.action(description="Release now (back to the queue)")
+    def release(self, request, queryset):
+        count = release_now(deferred_ids=list(queryset.values_list("pk", flat=True)))
+        self.message_user(request, f"Released {count} held task(s).", messages.SUCCESS)
+
+    def has_delete_permission(self, request, obj=None):
+        return False

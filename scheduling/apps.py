@@ -1,5 +1,15 @@
+from importlib import import_module
+
 from django.apps import AppConfig
+from django.conf import settings
+from django.db.models.signals import post_migrate
 from django.utils.module_loading import autodiscover_modules
+
+
+def _sync_schedules(sender, using, **kwargs) -> None:
+    from scheduling.schedules import sync_schedules
+
+    sync_schedules()
 
 
 class SchedulingConfig(AppConfig):
@@ -9,3 +19,7 @@ class SchedulingConfig(AppConfig):
     def ready(self) -> None:
         # Every app declares its jobs in `<app>/jobs.py`; importing them fills the registry.
         autodiscover_modules("jobs")
+        for module in settings.FAIRSHARE["EXTRA_JOB_MODULES"]:
+            import_module(module)
+        # Deploys run `migrate`: the declared schedules follow the code that declares them.
+        post_migrate.connect(_sync_schedules, sender=self, dispatch_uid="fairshare.sync_schedules")

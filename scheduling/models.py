@@ -10,6 +10,12 @@ class Outcome(models.TextChoices):
     FAILED = "failed", "Failed"
     # The message itself was unusable (malformed envelope, unknown version or job).
     REJECTED = "rejected", "Rejected (contract)"
+    # Admission refused it (budget or concurrency cap): it waits in the holding area.
+    DEFERRED = "deferred", "Deferred"
+    # Stopped by the daily CPU cap; the job waits for the next budget day.
+    BUDGET_EXHAUSTED = "budget_exhausted", "Budget exhausted"
+    # The worker died mid-run; found by the reclaim job once its lease expired.
+    LOST = "lost", "Lost (worker died)"
 
 
 class TaskRun(models.Model):
@@ -40,3 +46,37 @@ class TaskRun(models.Model):
 
     def __str__(self) -> str:
         return f"{self.job} {self.ref} [{self.outcome}]"
+
+
+class DeferReason(models.TextChoices):
+    BUDGET_EXHAUSTED = "budget_exhausted", "Daily CPU budget exhausted"
+    CONCURRENCY_CAP = "concurrency_cap", "Account at its concurrency cap"
+    RETRY_BACKOFF = "retry_backoff", "Waiting to retry"
+    QUEUED_BEHIND = "queued_behind", "Queued behind the account's held work"
+
+
+class DeferredTask(models.Model):
+    """The holding area: a job that may not run now, why, and from when it may.
+
+    A held job is not in the broker. Releasing it deletes the row and rings the doorbell again.
+    """
+
+    account = models.ForeignKey("budgets.Account", on_delete=models.CASCADE, related_name="deferred_tasks")
+    queue = models.CharField(max_length=40)
+    job = models.CharField(max_length=100)
+    ref = models.CharField(max_length=64)
+    reason = models.CharField(max_length=30, choices=DeferReason.choices)
+    eligible_at = models.DateTimeField(help_text="Not released before this time")
+    created_at = models.DateTimeField(auto_now_add=True)
+    deferrals = models.PositiveIntegerField(default=1, help_text="How often this job was held")
+
+    class Meta:
+        ordering = ["created_at", "id"]
+        constraints = [
+            # Duplicate deliveries of one envelope are held once.
+            models.UniqueConstraint(fields=["job", "ref"], name="deferredtask_unique_job_ref")
+        ]
+        indexes = [models.Index(fields=["account", "queue", "created_at"], name="deferred_account_queue")]
+
+    def __str__(self) -> str:
+        return f"{self.job} {self.ref} ({self.reason})"

@@ -33,18 +33,36 @@ class TaskContext:
     # Set by the handler: how many items it processed, and "skipped" when it had nothing to do.
     items: int = 0
     outcome: str | None = None
+    # The run's CPU allowance (budgets.middleware.RunBudget); long jobs check it between batches.
+    budget: Any = None
 
 
 TaskCall = Callable[[TaskContext], None]
 
 
-def enqueue(*, job: str, account: int | None, ref: str) -> str:
-    """Ring the doorbell for a job now. Prefer `enqueue_on_commit` inside a transaction."""
+def send(*, job: str, account: int | None, ref: str) -> str:
+    """Ring the doorbell: put the envelope in the job's queue, no questions asked."""
     spec = get_job(job)
     envelope = Envelope(job=spec.name, account=account, ref=str(ref))
     return async_task(
         RUNNER, envelope.to_message(), cluster=spec.queue, task_name=f"{spec.name}:{ref}"[:100],
     )
+
+
+def send_on_commit(*, job: str, account: int | None, ref: str) -> None:
+    transaction.on_commit(lambda: send(job=job, account=account, ref=ref))
+
+
+def enqueue(*, job: str, account: int | None, ref: str) -> str | None:
+    """Submit work: account work that may not run now goes to the holding area instead of the
+    broker (returns None); everything else is sent (returns the django-q2 task id)."""
+    spec = get_job(job)
+    if spec.account_scoped:
+        from budgets.services import hold_at_enqueue  # budgets builds on the runner, not the reverse
+
+        if hold_at_enqueue(envelope=Envelope(job=spec.name, account=account, ref=str(ref)), queue=spec.queue):
+            return None
+    return send(job=job, account=account, ref=ref)
 
 
 def enqueue_on_commit(*, job: str, account: int | None, ref: str) -> None:

@@ -1,12 +1,18 @@
-"""Writes of the scheduling app: task runs."""
+"""Writes of the scheduling app: task runs and the holding area."""
+import datetime as dt
 import os
 import socket
 
+from django.db import transaction
+from django.db.models import F
 from django.db.models.functions import Now
 from django.utils import timezone
 
+from budgets import clock
 from budgets.metering import Meter
-from scheduling.models import Outcome, TaskRun
+from scheduling.envelope import Envelope
+from scheduling.models import DeferredTask, Outcome, TaskRun
+from scheduling.runtime import send_on_commit
 from scheduling.redaction import describe_error, redact
 
 
@@ -55,3 +61,42 @@ def _account_exists(account_id: int) -> bool:
     from budgets.models import Account
 
     return Account.objects.filter(pk=account_id).exists()
+
+
+# --- The holding area ------------------------------------------------------------------------
+
+def hold(*, envelope: Envelope, queue: str, reason: str, eligible_at: dt.datetime) -> None:
+    """Put a job in the holding area (or refresh its reason if it is already held)."""
+    # Duplicate deliveries of one envelope are held once: the (job, ref) constraint decides.
+    held, created = DeferredTask.objects.get_or_create(
+        job=envelope.job, ref=envelope.ref,
+        defaults={"account_id": envelope.account, "queue": queue, "reason": reason, "eligible_at": eligible_at},
+    )
+    if not created:
+        DeferredTask.objects.filter(pk=held.pk).update(
+            reason=reason, eligible_at=eligible_at, deferrals=F("deferrals") + 1,
+        )
+
+
+def release_oldest(*, account_id: int, queue: str, limit: int) -> int:
+    """Ring the doorbell again for the account's oldest due held jobs; returns how many."""
+    due = list(
+        DeferredTask.objects.select_for_update(skip_locked=True)
+        .filter(account_id=account_id, queue=queue, eligible_at__lte=clock.now())
+        .order_by("created_at", "id")[:limit]
+    )
+    for held in due:
+        held.delete()
+        # Sent straight to the broker: admission checks it again when it starts.
+        send_on_commit(job=held.job, account=held.account_id, ref=held.ref)
+    return len(due)
+
+
+def release_now(*, deferred_ids: list[int]) -> int:
+    """An operator's release: back to the broker now, whatever the reason it was held."""
+    with transaction.atomic():
+        held = list(DeferredTask.objects.select_for_update(skip_locked=True).filter(pk__in=deferred_ids))
+        for task in held:
+            task.delete()
+            send_on_commit(job=task.job, account=task.account_id, ref=task.ref)
+    return len(held)

@@ -10,6 +10,7 @@ import pytest
 from django.conf import settings
 from django.db import connection
 
+import tests.jobs  # noqa: F401  (registers the test jobs in this process too)
 from budgets.models import Role
 from tests.factories import AccountFactory, MembershipFactory, UserFactory
 
@@ -74,6 +75,7 @@ def worker_env(export_root: Path, **extra: str) -> dict[str, str]:
         DATABASE_URL=f"postgres://{db['USER']}:{db['PASSWORD'] or ''}@{db['HOST'] or '127.0.0.1'}:{db['PORT'] or 5432}/{db['NAME']}",
         FAIRSHARE_EXPORTS_ROOT=str(export_root),
         FAIRSHARE_POLL="0.1",
+        FAIRSHARE_EXTRA_JOB_MODULES="tests.jobs",
         PYTHONUNBUFFERED="1",
     )
     env.update(extra)

@@ -67,7 +67,8 @@ def test_export_runs_through_a_real_worker_and_downloads_exactly_the_accounts_ra
     assert record.output_key == f"exports/{account.pk}/{record.pk}.csv"
 
     run = TaskRun.objects.get(job="exports.build", ref=str(record.pk))
-    assert run.outcome == Outcome.SUCCEEDED and run.items == 3 and run.account_id == account.pk
+    assert run.outcome == Outcome.SUCCEEDED, (run.error_class, run.error_message)
+    assert run.items == 3 and run.account_id == account.pk
     attempt = record.attempts.get()
     assert attempt.outcome == "succeeded" and attempt.task_run_id == run.pk
 

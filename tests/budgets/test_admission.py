@@ -1,0 +1,147 @@
+"""Admission, settlement, reclaim and release: the ledger and the holding area (in-process)."""
+import datetime as dt
+
+import pytest
+from django.utils import timezone
+from django_q.models import OrmQ
+from django_q.signing import SignedPackage
+
+from budgets import clock
+from budgets.metering import Meter
+from budgets.models import Budget, Reservation, ReservationStatus, UsageDay
+from budgets.services import admit, hold_at_enqueue, reclaim_expired, release_due, settle
+from scheduling.envelope import Envelope
+from scheduling.models import DeferReason, DeferredTask, Outcome, TaskRun
+from scheduling.runtime import enqueue
+
+pytestmark = pytest.mark.django_db
+
+
+@pytest.fixture
+def budget(account):
+    return Budget.objects.create(account=account, queue="default", cpu_seconds_per_day=10, max_concurrent=1)
+
+
+def envelope(account, ref: str, job: str = "tests.noop") -> Envelope:
+    return Envelope(job=job, account=account.pk, ref=ref)
+
+
+def meter(cpu_ms: int, wall_ms: int = 0, db_ms: float = 0, storage_ms: float = 0) -> Meter:
+    m = Meter(cpu_ms=cpu_ms, wall_ms=wall_ms, db_wait_ms=db_ms, storage_wait_ms=storage_ms)
+    m._stopped = True
+    return m
+
+
+def usage(account) -> UsageDay:
+    return UsageDay.objects.get(account=account, queue="default", day=clock.budget_day())
+
+
+def queued_envelopes() -> list[dict]:
+    return [SignedPackage.loads(q.payload)["args"][0] for q in OrmQ.objects.order_by("id")]
+
+
+def test_admission_reserves_the_estimate_and_takes_the_only_slot(account, budget):
+    first = admit(envelope=envelope(account, "a"), queue="default", estimate_ms=300, task_run_id=None, worker="w")
+    assert first.admitted and first.allowance_ms == 10_000
+    assert usage(account).cpu_reserved_ms == 300
+
+    second = admit(envelope=envelope(account, "b"), queue="default", estimate_ms=300, task_run_id=None, worker="w")
+    assert not second.admitted and second.reason == DeferReason.CONCURRENCY_CAP
+    held = DeferredTask.objects.get()
+    assert (held.ref, held.reason) == ("b", DeferReason.CONCURRENCY_CAP)
+    assert usage(account).deferrals == 1
+
+
+def test_settlement_charges_measured_cpu_once_and_releases_the_oldest_held_job(
+    account, budget, django_capture_on_commit_callbacks,
+):
+    running = admit(envelope=envelope(account, "a"), queue="default", estimate_ms=300, task_run_id=None, worker="w")
+    admit(envelope=envelope(account, "b"), queue="default", estimate_ms=300, task_run_id=None, worker="w")
+    admit(envelope=envelope(account, "c"), queue="default", estimate_ms=300, task_run_id=None, worker="w")
+
+    with django_capture_on_commit_callbacks(execute=True):
+        assert settle(reservation_id=running.reservation_id, account_id=account.pk, queue="default",
+                      meter=meter(cpu_ms=1234, wall_ms=2000, db_ms=12.4, storage_ms=7.6))
+    # Exactly once: a second settlement of the same run changes nothing.
+    assert not settle(reservation_id=running.reservation_id, account_id=account.pk, queue="default",
+                      meter=meter(cpu_ms=1234))
+
+    row = usage(account)
+    assert (row.cpu_used_ms, row.cpu_reserved_ms, row.wall_ms, row.db_wait_ms, row.storage_wait_ms, row.runs) == (
+        1234, 0, 2000, 12, 8, 1)
+    assert not Reservation.objects.exists()
+    # The oldest held job went back to the broker; the other still waits.
+    assert [e["ref"] for e in queued_envelopes()] == ["b"]
+    assert list(DeferredTask.objects.values_list("ref", flat=True)) == ["c"]
+
+
+def test_exhausted_budget_holds_work_until_the_next_budget_day(
+    account, budget, settings, django_capture_on_commit_callbacks,
+):
+    run = admit(envelope=envelope(account, "a"), queue="default", estimate_ms=300, task_run_id=None, worker="w")
+    settle(reservation_id=run.reservation_id, account_id=account.pk, queue="default", meter=meter(cpu_ms=10_500))
+
+    refused = admit(envelope=envelope(account, "b"), queue="default", estimate_ms=300, task_run_id=None, worker="w")
+    assert refused.reason == DeferReason.BUDGET_EXHAUSTED
+    assert refused.eligible_at == clock.next_reset()
+    # The enqueue-time check holds new work too, instead of ringing the doorbell.
+    assert enqueue(job="tests.noop", account=account.pk, ref="c") is None
+    assert OrmQ.objects.count() == 0
+    assert set(DeferredTask.objects.values_list("ref", "reason")) == {
+        ("b", DeferReason.BUDGET_EXHAUSTED), ("c", DeferReason.BUDGET_EXHAUSTED)}
+
+    assert release_due() == 0  # still today
+    settings.FAIRSHARE = {**settings.FAIRSHARE, "CLOCK_OFFSET_S": 24 * 3600}  # tomorrow
+    with django_capture_on_commit_callbacks(execute=True):
+        assert release_due() == 1  # one slot: the oldest goes first
+    assert [e["ref"] for e in queued_envelopes()] == ["b"]
+    fresh = admit(envelope=envelope(account, "d"), queue="default", estimate_ms=300, task_run_id=None, worker="w")
+    assert fresh.admitted and fresh.allowance_ms == 10_000
+
+
+def test_enqueue_waits_behind_held_work_of_the_same_account(account, other_account, budget):
+    admit(envelope=envelope(account, "a"), queue="default", estimate_ms=10, task_run_id=None, worker="w")
+    admit(envelope=envelope(account, "b"), queue="default", estimate_ms=10, task_run_id=None, worker="w")
+    assert hold_at_enqueue(envelope=envelope(account, "c"), queue="default")
+    assert DeferredTask.objects.get(ref="c").reason == DeferReason.QUEUED_BEHIND
+    # Another account is not affected.
+    assert not hold_at_enqueue(envelope=envelope(other_account, "x"), queue="default")
+
+
+def test_reclaim_gives_back_a_dead_runs_slot_and_charges_what_it_reported(
+    account, budget, django_capture_on_commit_callbacks,
+):
+    run = TaskRun.objects.create(account=account, job="tests.noop", ref="a", started_at=timezone.now())
+    dead = admit(envelope=envelope(account, "a"), queue="default", estimate_ms=300, task_run_id=run.pk, worker="w")
+    admit(envelope=envelope(account, "b"), queue="default", estimate_ms=300, task_run_id=None, worker="w")
+    Reservation.objects.filter(pk=dead.reservation_id).update(
+        cpu_reported_ms=700, lease_expires_at=timezone.now() - dt.timedelta(seconds=1))
+
+    with django_capture_on_commit_callbacks(execute=True):
+        assert reclaim_expired() == 1
+    assert reclaim_expired() == 0
+    row = usage(account)
+    assert (row.cpu_used_ms, row.cpu_reserved_ms, row.runs) == (700, 0, 1)
+    run.refresh_from_db()
+    assert (run.outcome, run.cpu_ms) == (Outcome.LOST, 700)
+    assert [e["ref"] for e in queued_envelopes()] == ["b"]
+
+    # The "dead" run was only slow: its late settlement charges the remainder, nothing twice.
+    assert Reservation.objects.get(pk=dead.reservation_id).status == ReservationStatus.RECLAIMED
+    settle(reservation_id=dead.reservation_id, account_id=account.pk, queue="default", meter=meter(cpu_ms=900))
+    row = usage(account)
+    assert (row.cpu_used_ms, row.cpu_reserved_ms, row.runs) == (900, 0, 1)
+
+
+def test_queues_have_independent_budgets(account, budget):
+    Budget.objects.create(account=account, queue="exports", cpu_seconds_per_day=10, max_concurrent=1)
+    assert admit(envelope=envelope(account, "a"), queue="default", estimate_ms=10, task_run_id=None, worker="w").admitted
+    assert admit(envelope=envelope(account, "e", job="exports.build"), queue="exports", estimate_ms=10,
+                 task_run_id=None, worker="w").admitted
+
+
+def test_budget_defaults_come_from_the_plan_tier(account, settings):
+    admit(envelope=envelope(account, "a"), queue="default", estimate_ms=10, task_run_id=None, worker="w")
+    budget = Budget.objects.get(account=account, queue="default")
+    expected = settings.FAIRSHARE["PLAN_BUDGETS"][account.plan]["default"]
+    assert (budget.cpu_seconds_per_day, budget.max_concurrent) == (expected["cpu_seconds_per_day"], expected["max_concurrent"])
