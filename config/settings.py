@@ -173,7 +173,11 @@ FAIRSHARE = {
         "scheduling.middleware.ContractMiddleware",
         "scheduling.middleware.RunRecordingMiddleware",
         "budgets.middleware.BudgetMiddleware",
+        "scheduling.middleware.RetryMiddleware",
     ],
+    # Each worker releases due held work this often, so a 2-second back-off is not held up by
+    # django-q2's 30-second scheduler tick.
+    "RELEASE_POLL_S": float(os.environ.get("FAIRSHARE_RELEASE_POLL", 1)),
     # Job modules outside INSTALLED_APPS' `jobs.py` (comma-separated), e.g. the test suite's.
     "EXTRA_JOB_MODULES": [m for m in os.environ.get("FAIRSHARE_EXTRA_JOB_MODULES", "").split(",") if m],
     "EXPORT_MAX_RANGE_DAYS": env_int("FAIRSHARE_EXPORT_MAX_RANGE_DAYS", 366),
@@ -182,6 +186,10 @@ FAIRSHARE = {
     # "copy" (PostgreSQL COPY ... TO STDOUT), "cursor" (server-side cursor) or "auto".
     "EXPORT_STREAM": os.environ.get("FAIRSHARE_EXPORT_STREAM", "auto"),
     "EXPORT_LEASE_S": env_int("FAIRSHARE_EXPORT_LEASE", 120),
+    # Each attempt's overall deadline (checked between batches); below the queue's timeout.
+    "EXPORT_ATTEMPT_DEADLINE_S": env_int("FAIRSHARE_EXPORT_ATTEMPT_DEADLINE", 1500),
+    # The reconciler re-sends a queued export nobody is running or holding after this long.
+    "EXPORT_STALE_AFTER_S": env_int("FAIRSHARE_EXPORT_STALE_AFTER", 120),
     "EXPORT_DOWNLOAD_TTL_S": env_int("FAIRSHARE_EXPORT_DOWNLOAD_TTL", 15 * 60),
     "EXPORT_RETENTION_DAYS": env_int("FAIRSHARE_EXPORT_RETENTION_DAYS", 7),
     "BUDGET_DAY_TIMEZONE": os.environ.get("FAIRSHARE_BUDGET_DAY_TIMEZONE", "UTC"),

@@ -1,7 +1,8 @@
-from django.contrib import admin
+from django.contrib import admin, messages
 
 from budgets.admin import AccountScopedAdmin, ReadOnlyAdmin
 from exports.models import ActivityEvent, ExportAttempt, ExportRecord
+from exports.services import export_cancel
 
 
 class ExportAttemptInline(admin.TabularInline):
@@ -25,6 +26,7 @@ class ExportRecordAdmin(ReadOnlyAdmin):
     date_hierarchy = "created_at"
     list_select_related = ["account"]
     inlines = [ExportAttemptInline]
+    actions = ["cancel"]
     fieldsets = [
         (None, {"fields": ["id", "account", "requested_by", "source", "format", "start_date", "end_date",
                            "idempotency_key", "status", "progress"]}),
@@ -34,6 +36,16 @@ class ExportRecordAdmin(ReadOnlyAdmin):
                                            "lease_expires_at", "rows_written", "rows_estimated", "created_at",
                                            "started_at"], "classes": ["collapse"]}),
     ]
+
+    @admin.action(description="Cancel selected exports", permissions=["cancel"])
+    def cancel(self, request, queryset):
+        for record in queryset:
+            status = export_cancel(export_id=record.pk)
+            self.message_user(request, f"{record.pk}: {status}"
+                              + (" (stops at its next batch)" if status == "running" else ""), messages.INFO)
+
+    def has_cancel_permission(self, request):
+        return request.user.is_superuser or request.user.has_perm("exports.change_exportrecord")
 
     @admin.display(description="progress")
     def progress(self, obj):

@@ -4,18 +4,33 @@ from uuid import UUID
 from exports import services
 from scheduling.envelope import ContractError
 from scheduling.registry import job
+from scheduling.retries import RetryPolicy
 from scheduling.services import worker_id
 
 
-@job(services.BUILD_JOB, queue="exports", cpu_estimate_ms=2000)
-def build(ctx) -> None:
+def _export_id(ctx) -> UUID:
     try:
-        export_id = UUID(ctx.envelope.ref)
+        return UUID(ctx.envelope.ref)
     except ValueError:
         raise ContractError("exports.build needs an export id as its ref") from None
+
+
+def _give_up(ctx, exc: BaseException) -> None:
+    services.export_give_up(export_id=_export_id(ctx), error=exc)
+
+
+@job(services.BUILD_JOB, queue="exports", cpu_estimate_ms=2000,
+     retry=RetryPolicy(max_attempts=5, base_s=2, cap_s=120), on_give_up=_give_up)
+def build(ctx) -> None:
     result = services.export_build(
-        export_id=export_id, account_id=ctx.envelope.account, owner=worker_id(), meter=ctx.meter, task_run=ctx.run,
-        budget=ctx.budget,
+        export_id=_export_id(ctx), account_id=ctx.envelope.account, owner=worker_id(), meter=ctx.meter,
+        task_run=ctx.run, budget=ctx.budget,
     )
     ctx.items = result.rows
     ctx.outcome = result.outcome
+
+
+@job("exports.reconcile", account_scoped=False)
+def reconcile(ctx) -> None:
+    """Re-send exports whose doorbell was lost (broker message gone, worker killed)."""
+    ctx.items = services.reconcile_exports()

@@ -59,6 +59,8 @@ class ExportRecord(models.Model):
     started_at = models.DateTimeField(null=True, blank=True)
     completed_at = models.DateTimeField(null=True, blank=True)
     expires_at = models.DateTimeField(null=True, blank=True, help_text="When the file is purged")
+    cancel_requested_at = models.DateTimeField(null=True, blank=True, help_text="Honoured between batches")
+    notified_at = models.DateTimeField(null=True, blank=True, help_text="When the requester was told (once)")
 
     class Meta:
         ordering = ["-created_at"]
@@ -94,6 +96,8 @@ class AttemptOutcome(models.TextChoices):
     CANCELLED = "cancelled", "Cancelled"
     # Lost its lease to a newer attempt; its writes were fenced out.
     SUPERSEDED = "superseded", "Superseded"
+    # Completed from an object an earlier attempt had already published (nothing rebuilt).
+    RECONCILED = "reconciled", "Reconciled"
     # Stopped by the account's daily CPU cap; the export waits for the next budget day.
     BUDGET_EXHAUSTED = "budget_exhausted", "Budget exhausted"
 

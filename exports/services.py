@@ -2,10 +2,12 @@
 import datetime as dt
 import logging
 import tempfile
+import time
 from dataclasses import dataclass
 from uuid import UUID
 
 from django.conf import settings
+from django.core.mail import send_mail
 from django.db import IntegrityError, transaction
 from django.db.models import F
 from django.db.models.functions import Coalesce, Now
@@ -13,15 +15,16 @@ from django.utils import timezone
 
 from budgets.limits import BudgetExhausted, RunBudget, UnlimitedBudget
 from budgets.metering import Meter
-from budgets.models import Account
+from budgets.models import Account, Reservation
 from budgets.selectors import can_export, membership_of
 from exports import storage
 from exports.models import AttemptOutcome, ExportAttempt, ExportFormat, ExportRecord, ExportStatus
 from exports.sources import SOURCES, day_bounds, get_source
 from exports.streaming import stream_csv
-from scheduling.models import Outcome, TaskRun
+from scheduling.faults import fault_point
+from scheduling.models import DeferredTask, Outcome, TaskRun
 from scheduling.redaction import describe_error
-from scheduling.runtime import enqueue_on_commit
+from scheduling.runtime import enqueue, enqueue_on_commit
 
 logger = logging.getLogger("fairshare.exports")
 
@@ -123,8 +126,16 @@ class ExportSuperseded(Exception):
     """This attempt no longer owns the export (lease lost, or the export was finished meanwhile)."""
 
 
+class ExportCancelled(Exception):
+    """Cancellation was requested; the attempt stops between batches and publishes nothing."""
+
+
 class ExportNotAuthorised(Exception):
     """The export may no longer be built (account deactivated, requester lost the right)."""
+
+
+class ExportTimeLimit(Exception):
+    """The attempt ran past its overall deadline (EXPORT_ATTEMPT_DEADLINE_S)."""
 
 
 @dataclass(frozen=True)
@@ -151,10 +162,15 @@ def export_claim(*, export_id: UUID, account_id: int, owner: str, task_run: Task
         lease_expired = record.lease_expires_at is not None and record.lease_expires_at <= now
         if not (record.status == ExportStatus.QUEUED or (record.status == ExportStatus.RUNNING and lease_expired)):
             return None
+        if record.cancel_requested_at is not None:
+            ExportRecord.objects.filter(pk=record.pk).update(
+                status=ExportStatus.CANCELLED, completed_at=Now(), lease_expires_at=None)
+            return None
         if record.attempt_count >= record.attempt_limit:
             ExportRecord.objects.filter(pk=record.pk).update(
                 status=ExportStatus.FAILED, error_class="AttemptsExhausted",
                 error_message=f"gave up after {record.attempt_count} attempts", completed_at=Now(),
+                lease_expires_at=None,
             )
             return None
         epoch = record.lease_epoch + 1
@@ -172,46 +188,103 @@ def export_claim(*, export_id: UUID, account_id: int, owner: str, task_run: Task
         )
 
 
+def _owned(export_id: UUID, epoch: int):
+    # The fence: only the attempt holding the current epoch, on a running, uncancelled export.
+    return ExportRecord.objects.filter(
+        pk=export_id, status=ExportStatus.RUNNING, lease_epoch=epoch, cancel_requested_at__isnull=True,
+    )
+
+
+def _lost_ownership(export_id: UUID, epoch: int) -> Exception:
+    cancelled = ExportRecord.objects.filter(pk=export_id, lease_epoch=epoch, cancel_requested_at__isnull=False).exists()
+    if cancelled:
+        return ExportCancelled(f"export {export_id} was cancelled")
+    return ExportSuperseded(f"attempt with epoch {epoch} no longer owns export {export_id}")
+
+
 def export_heartbeat(*, export_id: UUID, epoch: int, rows_written: int) -> None:
-    """Report progress and renew the lease; raise ExportSuperseded if this attempt lost it."""
-    # Guarded by the epoch: only the attempt that owns the lease may move the record.
-    renewed = ExportRecord.objects.filter(
-        pk=export_id, status=ExportStatus.RUNNING, lease_epoch=epoch,
-    ).update(rows_written=rows_written, lease_expires_at=_lease_expiry())
-    if not renewed:
-        raise ExportSuperseded(f"attempt with epoch {epoch} no longer owns export {export_id}")
+    """Report progress and renew the lease; raise if this attempt lost it or was cancelled."""
+    if not _owned(export_id, epoch).update(rows_written=rows_written, lease_expires_at=_lease_expiry()):
+        raise _lost_ownership(export_id, epoch)
 
 
 def export_complete(*, export_id: UUID, epoch: int, key: str, rows: int, byte_size: int, checksum: str) -> bool:
     # Guarded by the lease epoch: a stale attempt that lost its lease must not win.
     retention = dt.timedelta(days=settings.FAIRSHARE["EXPORT_RETENTION_DAYS"])
-    return ExportRecord.objects.filter(
-        pk=export_id, status=ExportStatus.RUNNING, lease_epoch=epoch,
-    ).update(
+    return _owned(export_id, epoch).update(
         status=ExportStatus.SUCCEEDED, output_key=key, row_count=rows, rows_written=rows,
         byte_size=byte_size, checksum_sha256=checksum, completed_at=Now(),
         expires_at=timezone.now() + retention, lease_expires_at=None, error_class="", error_message="",
     ) == 1
 
 
-def export_requeue(*, export_id: UUID, epoch: int) -> bool:
-    """Give the claim back (the run was stopped by the budget cap): queued again, and the attempt
-    it spent is returned — waiting for budget never uses up an export's attempts."""
+def export_release(*, export_id: UUID, epoch: int, refund_attempt: bool = False) -> bool:
+    """Give the claim back: queued again, for a retry or a later budget day. A run stopped by the
+    budget cap gets its attempt back — waiting for budget never uses up an export's attempts."""
+    changes = {"status": ExportStatus.QUEUED, "lease_expires_at": None, "rows_written": 0}
+    if refund_attempt:
+        changes["attempt_count"] = F("attempt_count") - 1
     return ExportRecord.objects.filter(
         pk=export_id, status=ExportStatus.RUNNING, lease_epoch=epoch,
-    ).update(
-        status=ExportStatus.QUEUED, attempt_count=F("attempt_count") - 1, lease_expires_at=None, rows_written=0,
-    ) == 1
+    ).update(**changes) == 1
 
 
-def export_fail(*, export_id: UUID, epoch: int, error: BaseException) -> bool:
+def export_give_up(*, export_id: UUID, error: BaseException) -> bool:
+    """Fail the export for good (terminal error or out of attempts), keeping a redacted reason."""
     error_class, message = describe_error(error)
     return ExportRecord.objects.filter(
-        pk=export_id, status=ExportStatus.RUNNING, lease_epoch=epoch,
+        pk=export_id, status__in=[ExportStatus.QUEUED, ExportStatus.RUNNING],
     ).update(
         status=ExportStatus.FAILED, error_class=error_class, error_message=message,
         completed_at=Now(), lease_expires_at=None,
     ) == 1
+
+
+def export_cancel(*, export_id: UUID) -> str:
+    """Cancel an export: at once if it is waiting, between batches if it is running.
+
+    Returns the export's status after the request. Nothing is published for a cancelled export.
+    """
+    with transaction.atomic():
+        # Row lock: a claim racing this cancellation sees either the request or the final state.
+        record = ExportRecord.objects.select_for_update().filter(pk=export_id).first()
+        if record is None:
+            raise ExportRecord.DoesNotExist(export_id)
+        if record.is_finished:
+            return record.status
+        if record.status == ExportStatus.QUEUED:
+            ExportRecord.objects.filter(pk=record.pk).update(
+                status=ExportStatus.CANCELLED, cancel_requested_at=Now(), completed_at=Now())
+            DeferredTask.objects.filter(job=BUILD_JOB, ref=str(record.pk)).delete()
+            return ExportStatus.CANCELLED
+        ExportRecord.objects.filter(pk=record.pk).update(cancel_requested_at=Now())
+        return record.status
+
+
+def _finish_cancelled(*, export_id: UUID, epoch: int) -> None:
+    ExportRecord.objects.filter(pk=export_id, status=ExportStatus.RUNNING, lease_epoch=epoch).update(
+        status=ExportStatus.CANCELLED, completed_at=Now(), lease_expires_at=None)
+
+
+def export_notify_once(*, export_id: UUID) -> bool:
+    """Tell the requester their export is ready, exactly once (a conditional `notified_at`)."""
+    with transaction.atomic():
+        if not ExportRecord.objects.filter(
+            pk=export_id, status=ExportStatus.SUCCEEDED, notified_at__isnull=True,
+        ).update(notified_at=Now()):
+            return False
+        record = ExportRecord.objects.select_related("account", "requested_by").get(pk=export_id)
+        user = record.requested_by
+        if user is not None and user.email:
+            # Sent inside the transaction: if sending fails, notified_at rolls back and a retry
+            # sends it. No customer data in the message, only where to fetch the file.
+            send_mail(
+                subject=f"Your {record.source} export of {record.account.name} is ready",
+                message=(f"Export {record.pk} ({record.start_date} to {record.end_date}) finished with "
+                         f"{record.row_count} rows.\nDownload it (sign-in required): /api/exports/{record.pk}/download/\n"),
+                from_email=None, recipient_list=[user.email],
+            )
+    return True
 
 
 def _attempt_finish(attempt: ExportAttempt, *, outcome: str, rows: int, error: BaseException | None = None) -> None:
@@ -233,59 +306,111 @@ def export_build(
     *, export_id: UUID, account_id: int, owner: str, meter: Meter, task_run: TaskRun | None = None,
     budget: RunBudget | None = None,
 ) -> BuildResult:
-    """One attempt: claim, stream to a temporary file, publish under the export's key, complete.
+    """One attempt: claim, reconcile or build, publish under the export's key, complete, notify.
 
-    Between batches it renews its lease and checks the run's CPU budget (raising BudgetExhausted,
-    which the budget middleware turns into a hold until the next budget day)."""
+    Between batches it renews its lease, honours cancellation, the attempt's deadline and the
+    run's CPU budget. Failures release the claim and propagate to the retry middleware, which
+    decides between a retry and giving up (`export_give_up`).
+    """
     budget = budget or UnlimitedBudget()
     attempt = export_claim(export_id=export_id, account_id=account_id, owner=owner, task_run=task_run)
     if attempt is None:
+        # Nothing to build — but a run that died after completing may still owe the notification.
+        export_notify_once(export_id=export_id)
         return BuildResult(outcome=Outcome.SKIPPED)
+    fault_point("after_claim")
     record = attempt.export
     epoch = attempt.epoch
+    key = storage.object_key(account_id=record.account_id, export_id=record.pk)
+    deadline = time.monotonic() + settings.FAIRSHARE["EXPORT_ATTEMPT_DEADLINE_S"]
     rows = 0
 
-    def on_batch(rows_so_far: int) -> None:
+    def checkpoint(rows_so_far: int) -> None:
+        """Between batches and before publishing: still ours, not cancelled, in time, in budget."""
         nonlocal rows
         rows = rows_so_far
         export_heartbeat(export_id=record.pk, epoch=epoch, rows_written=rows_so_far)
         budget.check()
+        if time.monotonic() > deadline:
+            raise ExportTimeLimit(f"the attempt passed its {settings.FAIRSHARE['EXPORT_ATTEMPT_DEADLINE_S']} s deadline")
+
+    def on_batch(rows_so_far: int) -> None:
+        checkpoint(rows_so_far)
+        fault_point("mid_stream")
 
     try:
         _authorise(record)
-        since, until = day_bounds(record.start_date, record.end_date)
-        key = storage.object_key(account_id=record.account_id, export_id=record.pk)
-        with tempfile.TemporaryFile(prefix="fairshare-export-") as tmp:
-            result = stream_csv(
-                source=get_source(record.source), account_id=record.account_id, since=since, until=until,
-                out=tmp, meter=meter, on_batch=on_batch,
-            )
-            rows = result.rows
-            tmp.flush()
-            # Fence before the side effect: don't publish for an attempt that lost its lease.
-            export_heartbeat(export_id=record.pk, epoch=epoch, rows_written=rows)
-            storage.publish(key=key, fileobj=tmp, meter=meter)
+        outcome = AttemptOutcome.RECONCILED
+        result = storage.find_published(key=key, export_id=record.pk, meter=meter)
+        if result is None:
+            outcome = AttemptOutcome.SUCCEEDED
+            result = _build_and_publish(record, key=key, meter=meter, on_batch=on_batch, checkpoint=checkpoint)
+            fault_point("after_publish")
+        rows = result.rows
         if not export_complete(
             export_id=record.pk, epoch=epoch, key=key, rows=result.rows,
             byte_size=result.byte_size, checksum=result.sha256,
         ):
-            raise ExportSuperseded(f"attempt with epoch {epoch} was fenced out at completion")
+            raise _lost_ownership(record.pk, epoch)
     except ExportSuperseded:
         _attempt_finish(attempt, outcome=AttemptOutcome.SUPERSEDED, rows=rows)
         return BuildResult(outcome=Outcome.SKIPPED, rows=rows)
+    except ExportCancelled:
+        storage.delete(key=key)  # whatever this attempt may have published
+        _finish_cancelled(export_id=record.pk, epoch=epoch)
+        _attempt_finish(attempt, outcome=AttemptOutcome.CANCELLED, rows=rows)
+        return BuildResult(outcome=Outcome.CANCELLED, rows=rows)
     except BudgetExhausted:
-        export_requeue(export_id=record.pk, epoch=epoch)
+        export_release(export_id=record.pk, epoch=epoch, refund_attempt=True)
         _attempt_finish(attempt, outcome=AttemptOutcome.BUDGET_EXHAUSTED, rows=rows)
         raise
     except BaseException as exc:
         try:
-            export_fail(export_id=record.pk, epoch=epoch, error=exc)
             _attempt_finish(attempt, outcome=AttemptOutcome.FAILED, rows=rows, error=exc)
+            export_release(export_id=record.pk, epoch=epoch)
         except Exception:
             # The database itself may be what failed. The record keeps its lease, which expires,
-            # and the export can be claimed again; the original error is what we report.
+            # and the reconciler sends it again; the original error is what we report.
             logger.warning("could not record the failure of export %s", record.pk)
         raise
-    _attempt_finish(attempt, outcome=AttemptOutcome.SUCCEEDED, rows=result.rows)
-    logger.info("export completed", extra={"export": str(record.pk), "rows": result.rows})
+    _attempt_finish(attempt, outcome=outcome, rows=result.rows)
+    export_notify_once(export_id=record.pk)
+    fault_point("after_complete")
+    logger.info("export completed", extra={"export": str(record.pk), "rows": result.rows, "how": outcome})
     return BuildResult(outcome=Outcome.SUCCEEDED, rows=result.rows)
+
+
+def _build_and_publish(record: ExportRecord, *, key: str, meter: Meter, on_batch, checkpoint) -> storage.Manifest:
+    since, until = day_bounds(record.start_date, record.end_date)
+    with tempfile.TemporaryFile(prefix="fairshare-export-") as tmp:
+        result = stream_csv(
+            source=get_source(record.source), account_id=record.account_id, since=since, until=until,
+            out=tmp, meter=meter, on_batch=on_batch,
+        )
+        tmp.flush()
+        manifest = storage.Manifest(export_id=str(record.pk), sha256=result.sha256, rows=result.rows,
+                                    byte_size=result.byte_size)
+        # Fence before the side effect: don't publish for an attempt that lost its lease.
+        checkpoint(result.rows)
+        storage.publish(key=key, fileobj=tmp, manifest=manifest, meter=meter)
+    return manifest
+
+
+def reconcile_exports() -> int:
+    """Re-ring the doorbell for exports whose message was lost: `queued` with nobody running or
+    holding them for a while, or `running` with an expired lease (the worker died). Returns how
+    many it re-sent. The claim decides what actually runs, so a spare message costs nothing."""
+    now = timezone.now()
+    stale = now - dt.timedelta(seconds=settings.FAIRSHARE["EXPORT_STALE_AFTER_S"])
+    held = DeferredTask.objects.filter(job=BUILD_JOB).values("ref")
+    running = Reservation.objects.filter(job=BUILD_JOB).values("ref")
+    lost = (
+        ExportRecord.objects.filter(status=ExportStatus.QUEUED, created_at__lt=stale)
+        .exclude(pk__in=[r["ref"] for r in held]).exclude(pk__in=[r["ref"] for r in running])
+        | ExportRecord.objects.filter(status=ExportStatus.RUNNING, lease_expires_at__lt=now)
+    )
+    count = 0
+    for export_id, account_id in lost.values_list("pk", "account_id"):
+        enqueue(job=BUILD_JOB, account=account_id, ref=str(export_id))
+        count += 1
+    return count

@@ -1,5 +1,10 @@
-"""Where export files live: Django's `STORAGES["exports"]` (local files or S3), and how they are
-handed to a downloader (a signed, expiring URL either way)."""
+"""Where export files live: Django's `STORAGES["exports"]` (local files or S3), how a publish is
+made recognisable to a later attempt (the manifest), and how files are handed to a downloader
+(a signed, expiring URL either way)."""
+import hashlib
+import io
+import json
+from dataclasses import asdict, dataclass
 from uuid import UUID
 
 from django.conf import settings
@@ -26,18 +31,69 @@ def object_key(*, account_id: int, export_id: UUID) -> str:
     return f"exports/{account_id}/{export_id}.csv"
 
 
-def publish(*, key: str, fileobj, meter: Meter) -> None:
-    storage = export_storage()
-    fileobj.seek(0)
-    with meter.storage_wait():
-        saved_as = storage.save(key, File(fileobj, name=key))
+@dataclass(frozen=True)
+class Manifest:
+    """Written next to the object, after it: the proof that the object is whole and whose it is."""
+
+    export_id: str
+    sha256: str
+    rows: int
+    byte_size: int
+
+
+def manifest_key(key: str) -> str:
+    return key + ".manifest.json"
+
+
+def _save(storage, key: str, fileobj) -> None:
+    saved_as = storage.save(key, File(fileobj, name=key))
     if saved_as != key:
         # A storage that renames on collision would break reconciliation by key.
         raise PublishError(f"storage saved the export under {saved_as!r} instead of {key!r}")
 
 
+def publish(*, key: str, fileobj, manifest: Manifest, meter: Meter) -> None:
+    """Store the object, then its manifest. An object without a manifest is never trusted: a
+    crash mid-write leaves at most a partial object that the next attempt overwrites."""
+    storage = export_storage()
+    fileobj.seek(0)
+    with meter.storage_wait():
+        storage.delete(manifest_key(key))
+        _save(storage, key, fileobj)
+        _save(storage, manifest_key(key), io.BytesIO(json.dumps(asdict(manifest)).encode()))
+
+
+def find_published(*, key: str, export_id: UUID, meter: Meter) -> Manifest | None:
+    """The manifest of a whole object already published for this export under `key`, if any.
+
+    Reconciliation on retry: an attempt that published and then died (or whose publish timed out
+    after writing) left a result; verify it against its manifest instead of publishing again.
+    """
+    storage = export_storage()
+    with meter.storage_wait():
+        if not storage.exists(manifest_key(key)) or not storage.exists(key):
+            return None
+        with storage.open(manifest_key(key), "rb") as f:
+            try:
+                manifest = Manifest(**json.loads(f.read()))
+            except (ValueError, TypeError):
+                return None
+        if manifest.export_id != str(export_id):
+            return None
+        digest, size = hashlib.sha256(), 0
+        with storage.open(key, "rb") as f:
+            while chunk := f.read(1 << 20):
+                digest.update(chunk)
+                size += len(chunk)
+    if (digest.hexdigest(), size) != (manifest.sha256, manifest.byte_size):
+        return None
+    return manifest
+
+
 def delete(*, key: str) -> None:
-    export_storage().delete(key)
+    storage = export_storage()
+    storage.delete(manifest_key(key))
+    storage.delete(key)
 
 
 def download_url(*, export_id: UUID, key: str, user_id: int) -> str:

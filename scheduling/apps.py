@@ -23,3 +23,9 @@ class SchedulingConfig(AppConfig):
             import_module(module)
         # Deploys run `migrate`: the declared schedules follow the code that declares them.
         post_migrate.connect(_sync_schedules, sender=self, dispatch_uid="fairshare.sync_schedules")
+
+        from django_q.signals import post_spawn
+
+        from scheduling.releaser import start_releaser
+
+        post_spawn.connect(start_releaser, dispatch_uid="fairshare.releaser")

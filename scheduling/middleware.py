@@ -4,14 +4,18 @@
         def __init__(self, call_next): self.call_next = call_next
         def __call__(self, ctx): ...; self.call_next(ctx); ...
 """
+import datetime as dt
 import logging
 
 from django.db import close_old_connections
 
+from budgets import clock
+from budgets.limits import BudgetExhausted
 from scheduling import envelope as contract
 from scheduling import services
-from scheduling.models import Outcome
+from scheduling.models import DeferReason, Outcome
 from scheduling.registry import get_job
+from scheduling.retries import is_transient
 
 logger = logging.getLogger("fairshare.tasks")
 
@@ -64,7 +68,10 @@ class RunRecordingMiddleware:
         self._finish(ctx, error)
 
     def _finish(self, ctx, error: BaseException | None) -> None:
-        outcome = Outcome.FAILED if error is not None else (ctx.outcome or Outcome.SUCCEEDED)
+        error = error or ctx.error
+        outcome = ctx.outcome or (Outcome.FAILED if error is not None else Outcome.SUCCEEDED)
+        if error is not None and outcome not in (Outcome.RETRYING, Outcome.FAILED):
+            outcome = Outcome.FAILED
         close_old_connections()
         services.task_run_finish(run=ctx.run, outcome=outcome, meter=ctx.meter, items=ctx.items, error=error)
         logger.info(
@@ -74,3 +81,33 @@ class RunRecordingMiddleware:
                 "cpu_ms": ctx.meter.cpu_ms, "wall_ms": ctx.meter.wall_ms,
             },
         )
+
+
+class RetryMiddleware:
+    """Classify a failure: transient ones wait in the holding area and run again after an
+    exponential back-off with full jitter; terminal ones (and the last attempt) give up for good."""
+
+    def __init__(self, call_next):
+        self.call_next = call_next
+
+    def __call__(self, ctx) -> None:
+        try:
+            self.call_next(ctx)
+        except BudgetExhausted:
+            raise  # not a failure: the budget middleware holds the job for the next budget day
+        except Exception as exc:
+            ctx.error = exc
+            policy = ctx.job.retry
+            attempt = services.retries_so_far(job=ctx.job.name, ref=ctx.envelope.ref) + 1
+            if is_transient(exc) and ctx.envelope.account is not None and attempt < policy.max_attempts:
+                close_old_connections()  # the failure may have broken this worker's connection
+                services.hold(
+                    envelope=ctx.envelope, queue=ctx.job.queue, reason=DeferReason.RETRY_BACKOFF,
+                    eligible_at=clock.now() + dt.timedelta(seconds=policy.delay(attempt)),
+                )
+                ctx.outcome = Outcome.RETRYING
+                return
+            ctx.outcome = Outcome.FAILED
+            if ctx.job.on_give_up is not None:
+                close_old_connections()
+                ctx.job.on_give_up(ctx, exc)

@@ -8,6 +8,9 @@ class Outcome(models.TextChoices):
     # another worker holds its lease): a duplicate delivery, harmless by design.
     SKIPPED = "skipped", "Skipped"
     FAILED = "failed", "Failed"
+    # A transient failure: the job waits in the holding area to be tried again (back-off).
+    RETRYING = "retrying", "Failed, will retry"
+    CANCELLED = "cancelled", "Cancelled"
     # The message itself was unusable (malformed envelope, unknown version or job).
     REJECTED = "rejected", "Rejected (contract)"
     # Admission refused it (budget or concurrency cap): it waits in the holding area.

@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from scheduling.envelope import ContractError
+from scheduling.retries import RetryPolicy
 
 if TYPE_CHECKING:
     from scheduling.runtime import TaskContext
@@ -24,6 +25,9 @@ class Job:
     account_scoped: bool = True
     # What admission reserves before the run; settlement charges what was measured.
     cpu_estimate_ms: int = 100
+    retry: RetryPolicy = RetryPolicy()
+    # Called once the job fails for good (terminal error, or out of attempts): `(ctx, exc)`.
+    on_give_up: Callable[["TaskContext", BaseException], None] | None = None
 
 
 class UnknownJob(ContractError):

@@ -33,6 +33,8 @@ class TaskContext:
     # Set by the handler: how many items it processed, and "skipped" when it had nothing to do.
     items: int = 0
     outcome: str | None = None
+    # A failure a middleware handled (e.g. classified for retry) that the run record must show.
+    error: BaseException | None = None
     # The run's CPU allowance (budgets.middleware.RunBudget); long jobs check it between batches.
     budget: Any = None
 

@@ -31,6 +31,7 @@ class CronSchedule:
 SCHEDULES: tuple[CronSchedule, ...] = (
     CronSchedule("release-deferred", "scheduling.release_deferred", "* * * * *"),
     CronSchedule("reclaim-leases", "scheduling.reclaim_leases", "* * * * *"),
+    CronSchedule("reconcile-exports", "exports.reconcile", "* * * * *"),
 )
 
 

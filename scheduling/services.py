@@ -63,6 +63,11 @@ def _account_exists(account_id: int) -> bool:
     return Account.objects.filter(pk=account_id).exists()
 
 
+def retries_so_far(*, job: str, ref: str) -> int:
+    """How many runs of this job and ref already failed transiently and were scheduled again."""
+    return TaskRun.objects.filter(job=job, ref=ref, outcome=Outcome.RETRYING).count()
+
+
 # --- The holding area ------------------------------------------------------------------------
 
 def hold(*, envelope: Envelope, queue: str, reason: str, eligible_at: dt.datetime) -> None:

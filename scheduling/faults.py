@@ -1,0 +1,25 @@
+"""Named fault points for crash tests. TEST-ONLY: inert unless armed through the environment.
+
+    FAIRSHARE_FAULT=<point>          the point at which the worker process kills itself (SIGKILL)
+    FAIRSHARE_FAULT_MARKER=<path>    fire once: only the process that creates this file fires
+
+Points in the export job: ``after_claim``, ``mid_stream`` (after the first batch),
+``after_publish`` (object stored, record not yet complete), ``after_complete`` (record complete
+and requester notified, task not yet acknowledged to the broker).
+"""
+import os
+import signal
+
+POINTS = frozenset({"after_claim", "mid_stream", "after_publish", "after_complete"})
+
+
+def fault_point(name: str) -> None:
+    if os.environ.get("FAIRSHARE_FAULT") != name:
+        return
+    marker = os.environ.get("FAIRSHARE_FAULT_MARKER")
+    if marker:
+        try:
+            os.close(os.open(marker, os.O_CREAT | os.O_EXCL | os.O_WRONLY))
+        except FileExistsError:
+            return  # already fired in some process
+    os.kill(os.getpid(), signal.SIGKILL)
