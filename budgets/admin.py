@@ -7,14 +7,17 @@ from budgets.selectors import accounts_visible_to, budget_status
 
 
 class AccountScopedAdmin(admin.ModelAdmin):
-    """Staff who are not superusers see only the records of accounts they belong to."""
+    """Staff who are not superusers see only the records of accounts they belong to
+    (nothing at all of models with no account, `account_path = None`)."""
 
-    account_path = "account"
+    account_path: str | None = "account"
 
     def get_queryset(self, request):
         qs = super().get_queryset(request)
         if request.user.is_superuser:
             return qs
+        if self.account_path is None:
+            return qs.none()
         return qs.filter(**{f"{self.account_path}__in": accounts_visible_to(user=request.user)})
 
 

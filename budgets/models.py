@@ -18,6 +18,9 @@ class Account(models.Model):
     name = models.CharField(max_length=200)
     is_active = models.BooleanField(default=True)
     plan = models.CharField(max_length=20, choices=Plan.choices, default=Plan.STANDARD)
+    timezone = models.CharField(max_length=64, default="UTC", help_text="For recurring exports, e.g. Europe/Amsterdam")
+    export_retention_days = models.PositiveSmallIntegerField(
+        null=True, blank=True, help_text="Days finished exports are kept; empty = the default")
     created_at = models.DateTimeField(auto_now_add=True)
 
     class Meta:

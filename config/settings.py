@@ -199,6 +199,16 @@ FAIRSHARE = {
     # for this long (the worker died); heartbeats come every RESERVATION_HEARTBEAT_S.
     "RESERVATION_LEASE_S": env_int("FAIRSHARE_RESERVATION_LEASE", 60),
     "RESERVATION_HEARTBEAT_S": float(os.environ.get("FAIRSHARE_RESERVATION_HEARTBEAT", 5)),
+    # Maintenance: task runs older than this are rolled up per day and pruned; django-q2's own
+    # task rows (failures) older than this are deleted.
+    "TASK_RUN_RETENTION_DAYS": env_int("FAIRSHARE_TASK_RUN_RETENTION_DAYS", 14),
+    "DJANGO_Q_RETENTION_DAYS": env_int("FAIRSHARE_DJANGO_Q_RETENTION_DAYS", 7),
+    # /metrics: a bearer token, or a client address in these networks (comma-separated CIDRs).
+    "METRICS_TOKEN": os.environ.get("FAIRSHARE_METRICS_TOKEN", ""),
+    "METRICS_ALLOWED_NETWORKS": os.environ.get("FAIRSHARE_METRICS_ALLOWED_NETWORKS", "127.0.0.1/32,::1/128"),
+    # /healthz: a queue is healthy when one of its workers was heard from this recently.
+    "HEALTH_HEARTBEAT_MAX_AGE_S": env_int("FAIRSHARE_HEALTH_HEARTBEAT_MAX_AGE", 60),
+    "WORKER_HEARTBEAT_S": env_int("FAIRSHARE_WORKER_HEARTBEAT", 10),
     # Default budgets per plan tier and queue: daily CPU seconds and concurrent tasks.
     # An operator can override them per account (budgets.Budget).
     "PLAN_BUDGETS": {
@@ -211,11 +221,16 @@ FAIRSHARE = {
     },
 }
 
+# JSON lines in production (LOG_FORMAT=json, the default without DEBUG), readable text in the demo.
+LOG_FORMAT = os.environ.get("LOG_FORMAT", "text" if DEBUG else "json")
 LOGGING = {
     "version": 1,
     "disable_existing_loggers": False,
-    "formatters": {"plain": {"format": "%(asctime)s %(levelname)s %(name)s %(message)s"}},
-    "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain"}},
+    "formatters": {
+        "text": {"format": "%(asctime)s %(levelname)s %(name)s %(message)s"},
+        "json": {"()": "config.logging.JsonFormatter"},
+    },
+    "handlers": {"console": {"class": "logging.StreamHandler", "formatter": LOG_FORMAT}},
     "root": {"handlers": ["console"], "level": os.environ.get("LOG_LEVEL", "INFO")},
     "loggers": {"django_q": {"level": os.environ.get("Q_LOG_LEVEL", "INFO")}},
 }

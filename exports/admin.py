@@ -1,7 +1,7 @@
 from django.contrib import admin, messages
 
 from budgets.admin import AccountScopedAdmin, ReadOnlyAdmin
-from exports.models import ActivityEvent, ExportAttempt, ExportRecord
+from exports.models import ActivityEvent, ExportAttempt, ExportRecord, ExportSchedule
 from exports.services import export_cancel
 
 
@@ -60,3 +60,10 @@ class ActivityEventAdmin(AccountScopedAdmin):
     date_hierarchy = "occurred_at"
     list_select_related = ["account"]
     show_full_result_count = False
+
+
+@admin.register(ExportSchedule)
+class ExportScheduleAdmin(AccountScopedAdmin):
+    list_display = ["account", "source", "period", "at_time", "requested_by", "is_active", "created_at"]
+    list_filter = ["period", "is_active", "account"]
+    autocomplete_fields = ["requested_by"]

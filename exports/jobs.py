@@ -34,3 +34,15 @@ def build(ctx) -> None:
 def reconcile(ctx) -> None:
     """Re-send exports whose doorbell was lost (broker message gone, worker killed)."""
     ctx.items = services.reconcile_exports()
+
+
+@job("exports.run_schedules", account_scoped=False)
+def run_schedules(ctx) -> None:
+    """Request the due period of every recurring export (one export per period, however often it fires)."""
+    ctx.items = services.run_export_schedules()
+
+
+@job("exports.purge_expired", account_scoped=False)
+def purge_expired(ctx) -> None:
+    """Delete exports past their retention, and their files."""
+    ctx.items = services.purge_expired_exports()

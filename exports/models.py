@@ -144,3 +144,25 @@ class ActivityEvent(models.Model):
 
     def __str__(self) -> str:
         return f"{self.event_type} by {self.actor_email}"
+
+
+class SchedulePeriod(models.TextChoices):
+    DAILY = "daily", "Every day: the day before"
+    WEEKLY = "weekly", "Every Monday: the week before"
+    MONTHLY = "monthly", "Every 1st: the month before"
+
+
+class ExportSchedule(models.Model):
+    """A recurring export: e.g. yesterday's activity, every day at 01:00 in the account's zone."""
+
+    account = models.ForeignKey("budgets.Account", on_delete=models.CASCADE, related_name="export_schedules")
+    requested_by = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="+")
+    source = models.CharField(max_length=40, default="activity")
+    format = models.CharField(max_length=10, choices=ExportFormat.choices, default=ExportFormat.CSV)
+    period = models.CharField(max_length=10, choices=SchedulePeriod.choices, default=SchedulePeriod.DAILY)
+    at_time = models.TimeField(default="01:00", help_text="Local time in the account's time zone")
+    is_active = models.BooleanField(default=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    def __str__(self) -> str:
+        return f"{self.account} {self.source} {self.period} at {self.at_time}"

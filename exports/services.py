@@ -5,11 +5,12 @@ import tempfile
 import time
 from dataclasses import dataclass
 from uuid import UUID
+from zoneinfo import ZoneInfo
 
 from django.conf import settings
 from django.core.mail import send_mail
 from django.db import IntegrityError, transaction
-from django.db.models import F
+from django.db.models import F, Q
 from django.db.models.functions import Coalesce, Now
 from django.utils import timezone
 
@@ -18,7 +19,9 @@ from budgets.metering import Meter
 from budgets.models import Account, Reservation
 from budgets.selectors import can_export, membership_of
 from exports import storage
-from exports.models import AttemptOutcome, ExportAttempt, ExportFormat, ExportRecord, ExportStatus
+from exports.models import (
+    AttemptOutcome, ExportAttempt, ExportFormat, ExportRecord, ExportSchedule, ExportStatus, SchedulePeriod,
+)
 from exports.sources import SOURCES, day_bounds, get_source
 from exports.streaming import stream_csv
 from scheduling.faults import fault_point
@@ -208,9 +211,11 @@ def export_heartbeat(*, export_id: UUID, epoch: int, rows_written: int) -> None:
         raise _lost_ownership(export_id, epoch)
 
 
-def export_complete(*, export_id: UUID, epoch: int, key: str, rows: int, byte_size: int, checksum: str) -> bool:
+def export_complete(
+    *, export_id: UUID, epoch: int, key: str, rows: int, byte_size: int, checksum: str, retention_days: int,
+) -> bool:
     # Guarded by the lease epoch: a stale attempt that lost its lease must not win.
-    retention = dt.timedelta(days=settings.FAIRSHARE["EXPORT_RETENTION_DAYS"])
+    retention = dt.timedelta(days=retention_days)
     return _owned(export_id, epoch).update(
         status=ExportStatus.SUCCEEDED, output_key=key, row_count=rows, rows_written=rows,
         byte_size=byte_size, checksum_sha256=checksum, completed_at=Now(),
@@ -350,6 +355,7 @@ def export_build(
         if not export_complete(
             export_id=record.pk, epoch=epoch, key=key, rows=result.rows,
             byte_size=result.byte_size, checksum=result.sha256,
+            retention_days=record.account.export_retention_days or settings.FAIRSHARE["EXPORT_RETENTION_DAYS"],
         ):
             raise _lost_ownership(record.pk, epoch)
     except ExportSuperseded:
@@ -414,3 +420,68 @@ def reconcile_exports() -> int:
         enqueue(job=BUILD_JOB, account=account_id, ref=str(export_id))
         count += 1
     return count
+
+
+# --- Maintenance and recurring exports -------------------------------------------------------
+
+def purge_expired_exports() -> int:
+    """Delete exports past their retention, and their stored objects. Returns exports purged.
+
+    Succeeded exports expire at `expires_at` (set at completion from the account's retention or
+    the default); failed and cancelled ones after the default retention.
+    """
+    now = timezone.now()
+    default = dt.timedelta(days=settings.FAIRSHARE["EXPORT_RETENTION_DAYS"])
+    expired = ExportRecord.objects.filter(
+        Q(status=ExportStatus.SUCCEEDED, expires_at__lt=now)
+        | Q(status__in=[ExportStatus.FAILED, ExportStatus.CANCELLED], completed_at__lt=now - default)
+    )
+    purged = 0
+    for export_id, account_id in expired.values_list("pk", "account_id"):
+        # The object first: a crash in between leaves a record to purge again, never an orphan.
+        storage.delete(key=storage.object_key(account_id=account_id, export_id=export_id))
+        purged += ExportRecord.objects.filter(pk=export_id).delete()[1].get("exports.ExportRecord", 0)
+    return purged
+
+
+def schedule_period(schedule: ExportSchedule, now: dt.datetime) -> tuple[dt.date, dt.date]:
+    """The latest period whose run time (`at_time` in the account's zone) has passed."""
+    local = now.astimezone(ZoneInfo(schedule.account.timezone))
+    today, passed = local.date(), local.time() >= schedule.at_time
+    if schedule.period == SchedulePeriod.DAILY:
+        run_day = today if passed else today - dt.timedelta(days=1)
+        return run_day - dt.timedelta(days=1), run_day - dt.timedelta(days=1)
+    if schedule.period == SchedulePeriod.WEEKLY:
+        run_day = today - dt.timedelta(days=today.weekday())
+        if run_day == today and not passed:
+            run_day -= dt.timedelta(days=7)
+        return run_day - dt.timedelta(days=7), run_day - dt.timedelta(days=1)
+    run_day = today.replace(day=1)
+    if run_day == today and not passed:
+        run_day = (run_day - dt.timedelta(days=1)).replace(day=1)
+    return (run_day - dt.timedelta(days=1)).replace(day=1), run_day - dt.timedelta(days=1)
+
+
+def run_export_schedules(*, now: dt.datetime | None = None) -> int:
+    """Request each active schedule's latest due period; returns how many exports were created.
+
+    The idempotency key names the schedule and the period, so a schedule that fires twice (two
+    schedulers, a retry) still makes one export; the export goes through budgets like any other.
+    """
+    now = now or timezone.now()
+    created = 0
+    for schedule in ExportSchedule.objects.filter(is_active=True, account__is_active=True).select_related(
+        "account", "requested_by"
+    ):
+        start, end = schedule_period(schedule, now)
+        try:
+            _, was_created = export_request(
+                account_slug=schedule.account.slug, user=schedule.requested_by, start=start, end=end,
+                fmt=schedule.format, source=schedule.source,
+                idempotency_key=f"schedule-{schedule.pk}-{start.isoformat()}",
+            )
+        except ExportRequestError as exc:
+            logger.warning("recurring export refused", extra={"schedule": schedule.pk, "code": exc.code})
+            continue
+        created += was_created
+    return created

@@ -3,7 +3,7 @@ from django.utils import timezone
 from django.utils.timesince import timeuntil
 
 from budgets.admin import ReadOnlyAdmin
-from scheduling.models import DeferredTask, TaskRun
+from scheduling.models import DeferredTask, TaskRun, TaskRunDaily, WorkerHeartbeat
 from scheduling.services import release_now
 
 
@@ -41,3 +41,18 @@ class DeferredTaskAdmin(ReadOnlyAdmin):
 
     def has_delete_permission(self, request, obj=None):
         return False
+
+
+@admin.register(TaskRunDaily)
+class TaskRunDailyAdmin(ReadOnlyAdmin):
+    list_display = ["day", "job", "account", "queue", "outcome", "runs", "cpu_ms", "wall_ms", "db_wait_ms",
+                    "storage_wait_ms", "items"]
+    list_filter = ["outcome", "job", "queue"]
+    date_hierarchy = "day"
+
+
+@admin.register(WorkerHeartbeat)
+class WorkerHeartbeatAdmin(ReadOnlyAdmin):
+    list_display = ["worker", "queue", "seen_at"]
+    list_filter = ["queue"]
+    account_path = None

@@ -1,5 +1,8 @@
-"""Maintenance jobs (scheduled in scheduling.schedules)."""
+"""Maintenance jobs (scheduled in scheduling.schedules). Each reports how many items it touched."""
+from django.conf import settings
+
 from budgets import services as budget_services
+from scheduling import services
 from scheduling.registry import job
 
 
@@ -13,3 +16,15 @@ def release_deferred(ctx) -> None:
 def reclaim_leases(ctx) -> None:
     """Give back the slots and reservations of runs whose worker died."""
     ctx.items = budget_services.reclaim_expired()
+
+
+@job("scheduling.rollup_task_runs", account_scoped=False)
+def rollup_task_runs(ctx) -> None:
+    """Fold old task runs into daily aggregates and prune them."""
+    ctx.items = services.rollup_task_runs(older_than_days=settings.FAIRSHARE["TASK_RUN_RETENTION_DAYS"])
+
+
+@job("scheduling.prune_django_q", account_scoped=False)
+def prune_django_q(ctx) -> None:
+    """Prune django-q2's own task rows and stale worker heartbeats."""
+    ctx.items = services.prune_django_q(older_than_days=settings.FAIRSHARE["DJANGO_Q_RETENTION_DAYS"])

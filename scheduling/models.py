@@ -83,3 +83,43 @@ class DeferredTask(models.Model):
 
     def __str__(self) -> str:
         return f"{self.job} {self.ref} ({self.reason})"
+
+
+class TaskRunDaily(models.Model):
+    """Task runs rolled up per day, account, job, queue and outcome (old TaskRun rows are pruned)."""
+
+    day = models.DateField()
+    account = models.ForeignKey("budgets.Account", null=True, blank=True, on_delete=models.CASCADE, related_name="+")
+    job = models.CharField(max_length=100)
+    queue = models.CharField(max_length=40)
+    outcome = models.CharField(max_length=20, choices=Outcome.choices)
+    runs = models.PositiveIntegerField(default=0)
+    cpu_ms = models.BigIntegerField(default=0)
+    wall_ms = models.BigIntegerField(default=0)
+    db_wait_ms = models.BigIntegerField(default=0)
+    storage_wait_ms = models.BigIntegerField(default=0)
+    items = models.BigIntegerField(default=0)
+
+    class Meta:
+        verbose_name_plural = "task runs per day"
+        ordering = ["-day", "job"]
+        constraints = [
+            models.UniqueConstraint(
+                fields=["day", "account", "job", "queue", "outcome"], nulls_distinct=False,
+                name="taskrundaily_unique_key",
+            )
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.day} {self.job} {self.outcome}"
+
+
+class WorkerHeartbeat(models.Model):
+    """Each worker process says it is alive every few seconds (read by /healthz and /metrics)."""
+
+    worker = models.CharField(max_length=100, unique=True, help_text="host:pid")
+    queue = models.CharField(max_length=40)
+    seen_at = models.DateTimeField()
+
+    def __str__(self) -> str:
+        return f"{self.worker} ({self.queue})"

@@ -32,6 +32,10 @@ SCHEDULES: tuple[CronSchedule, ...] = (
     CronSchedule("release-deferred", "scheduling.release_deferred", "* * * * *"),
     CronSchedule("reclaim-leases", "scheduling.reclaim_leases", "* * * * *"),
     CronSchedule("reconcile-exports", "exports.reconcile", "* * * * *"),
+    CronSchedule("recurring-exports", "exports.run_schedules", "* * * * *"),
+    CronSchedule("purge-expired-exports", "exports.purge_expired", "17 * * * *"),
+    CronSchedule("rollup-task-runs", "scheduling.rollup_task_runs", "23 3 * * *"),
+    CronSchedule("prune-django-q", "scheduling.prune_django_q", "41 3 * * *"),
 )
 
 

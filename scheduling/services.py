@@ -4,14 +4,15 @@ import os
 import socket
 
 from django.db import transaction
-from django.db.models import F
+from django.db.models import Count, F, Sum
+from django.db.models.functions import TruncDate
 from django.db.models.functions import Now
 from django.utils import timezone
 
 from budgets import clock
 from budgets.metering import Meter
 from scheduling.envelope import Envelope
-from scheduling.models import DeferredTask, Outcome, TaskRun
+from scheduling.models import DeferredTask, Outcome, TaskRun, TaskRunDaily, WorkerHeartbeat
 from scheduling.runtime import send_on_commit
 from scheduling.redaction import describe_error, redact
 
@@ -105,3 +106,51 @@ def release_now(*, deferred_ids: list[int]) -> int:
             task.delete()
             send_on_commit(job=task.job, account=task.account_id, ref=task.ref)
     return len(held)
+
+
+# --- Maintenance -----------------------------------------------------------------------------
+
+def rollup_task_runs(*, older_than_days: int, batch: int = 5000) -> int:
+    """Fold finished task runs older than the retention into TaskRunDaily, then delete them.
+
+    Idempotent and safe to run concurrently: each batch is locked (SKIP LOCKED), added to the
+    daily rows with atomic increments and deleted in one transaction. Returns rows rolled up.
+    """
+    cutoff = timezone.now() - dt.timedelta(days=older_than_days)
+    total = 0
+    while True:
+        with transaction.atomic():
+            ids = list(
+                TaskRun.objects.select_for_update(skip_locked=True)
+                .filter(started_at__lt=cutoff, finished_at__isnull=False)
+                .order_by("pk").values_list("pk", flat=True)[:batch]
+            )
+            if not ids:
+                return total
+            groups = (
+                TaskRun.objects.filter(pk__in=ids)
+                .annotate(day=TruncDate("started_at"))
+                .values("day", "account_id", "job", "queue", "outcome")
+                .annotate(runs=Count("pk"), cpu=Sum("cpu_ms"), wall=Sum("wall_ms"), db=Sum("db_wait_ms"),
+                          storage=Sum("storage_wait_ms"), n_items=Sum("items"))
+            )
+            for g in groups:
+                key = {k: g[k] for k in ("day", "account_id", "job", "queue", "outcome")}
+                row, _ = TaskRunDaily.objects.get_or_create(**key)
+                TaskRunDaily.objects.filter(pk=row.pk).update(
+                    runs=F("runs") + g["runs"], cpu_ms=F("cpu_ms") + g["cpu"], wall_ms=F("wall_ms") + g["wall"],
+                    db_wait_ms=F("db_wait_ms") + g["db"], storage_wait_ms=F("storage_wait_ms") + g["storage"],
+                    items=F("items") + g["n_items"],
+                )
+            TaskRun.objects.filter(pk__in=ids).delete()
+            total += len(ids)
+
+
+def prune_django_q(*, older_than_days: int) -> int:
+    """Delete django-q2's own task rows (it keeps failures forever) and stale worker heartbeats."""
+    from django_q.models import Task
+
+    cutoff = timezone.now() - dt.timedelta(days=older_than_days)
+    tasks, _ = Task.objects.filter(stopped__lt=cutoff).delete()
+    beats, _ = WorkerHeartbeat.objects.filter(seen_at__lt=cutoff).delete()
+    return tasks + beats

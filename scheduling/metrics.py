@@ -1,0 +1,130 @@
+"""Prometheus metrics, computed from the database at scrape time.
+
+Every figure comes from shared state (our tables and the broker), not from per-process counters,
+so any number of web and worker processes report one consistent picture (multi-process safe by
+construction; prometheus-client's multiprocess mode is not needed).
+"""
+import datetime as dt
+
+from django.db.models import Count, Min, Sum
+from django.utils import timezone
+from django_q.brokers import get_broker
+from django_q.models import OrmQ
+from django_q.signing import SignedPackage
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+
+from budgets import clock
+from budgets.models import Budget, Queue, UsageDay
+from exports.models import ExportRecord, ExportStatus
+from scheduling.models import DeferredTask, TaskRun, TaskRunDaily, WorkerHeartbeat
+
+
+def _oldest_enqueued_at(queue: str, broker) -> dt.datetime | None:
+    """When the oldest message still waiting in `queue` was enqueued (ORM and Redis brokers)."""
+    if broker.__class__.__name__ == "ORM":
+        row = OrmQ.objects.filter(key=queue).order_by("id").values_list("payload", flat=True).first()
+    elif broker.__class__.__name__ == "Redis":
+        row = broker.connection.lindex(broker.list_key, 0)
+    else:
+        return None
+    if row is None:
+        return None
+    try:
+        return SignedPackage.loads(row)["started"]
+    except Exception:
+        return None
+
+
+def queue_depths() -> list[tuple[str, int, float]]:
+    """(queue, messages waiting, age of the oldest in seconds) per queue."""
+    now = timezone.now()
+    rows = []
+    for queue in Queue.values:
+        broker = get_broker(queue)
+        oldest = _oldest_enqueued_at(queue, broker)
+        rows.append((queue, broker.queue_size() or 0, (now - oldest).total_seconds() if oldest else 0.0))
+    return rows
+
+
+class FairshareCollector:
+    def collect(self):
+        depth = GaugeMetricFamily("fairshare_queue_depth", "Messages waiting in the broker", labels=["queue"])
+        age = GaugeMetricFamily("fairshare_queue_oldest_age_seconds", "Age of the oldest waiting message",
+                                labels=["queue"])
+        for queue, size, oldest in queue_depths():
+            depth.add_metric([queue], size)
+            age.add_metric([queue], oldest)
+        yield depth
+        yield age
+
+        held = GaugeMetricFamily("fairshare_held_tasks", "Jobs in the holding area", labels=["queue", "reason"])
+        for row in DeferredTask.objects.values("queue", "reason").annotate(n=Count("pk")).order_by():
+            held.add_metric([row["queue"], row["reason"]], row["n"])
+        oldest_held = DeferredTask.objects.aggregate(t=Min("created_at"))["t"]
+        yield held
+        yield GaugeMetricFamily("fairshare_held_oldest_age_seconds", "Age of the oldest held job",
+                                value=(timezone.now() - oldest_held).total_seconds() if oldest_held else 0)
+
+        # Totals over live task runs plus the daily roll-ups of pruned ones: monotonic counters.
+        totals: dict[tuple[str, str], dict[str, int]] = {}
+        sums = {"runs": Count("pk"), "cpu": Sum("cpu_ms"), "db": Sum("db_wait_ms"), "storage": Sum("storage_wait_ms"),
+                "wall": Sum("wall_ms"), "items": Sum("items")}
+        daily = {"runs": Sum("runs"), "cpu": Sum("cpu_ms"), "db": Sum("db_wait_ms"), "storage": Sum("storage_wait_ms"),
+                 "wall": Sum("wall_ms"), "items": Sum("items")}
+        for qs, aggregates in ((TaskRun.objects, sums), (TaskRunDaily.objects, daily)):
+            for row in qs.values("job", "outcome").annotate(**aggregates).order_by():
+                bucket = totals.setdefault((row["job"], row["outcome"]), dict.fromkeys(aggregates, 0))
+                for k in aggregates:
+                    bucket[k] += row[k] or 0
+        runs = CounterMetricFamily("fairshare_task_runs", "Task runs by job and outcome", labels=["job", "outcome"])
+        failures = CounterMetricFamily("fairshare_task_failures", "Failed task runs (incl. retried) by job",
+                                       labels=["job", "outcome"])
+        seconds = {
+            name: CounterMetricFamily(f"fairshare_task_{name}_seconds", help_, labels=["job"])
+            for name, help_ in (("cpu", "Process CPU time of task runs"), ("db_wait", "Time waiting on the database"),
+                                ("storage_wait", "Time waiting on export storage"), ("wall", "Wall time of task runs"))
+        }
+        per_job: dict[str, dict[str, int]] = {}
+        for (job, outcome), b in sorted(totals.items()):
+            runs.add_metric([job, outcome], b["runs"])
+            if outcome in ("failed", "retrying", "lost", "rejected"):
+                failures.add_metric([job, outcome], b["runs"])
+            acc = per_job.setdefault(job, {"cpu": 0, "db": 0, "storage": 0, "wall": 0})
+            for k in acc:
+                acc[k] += b[k]
+        for job, acc in per_job.items():
+            seconds["cpu"].add_metric([job], acc["cpu"] / 1000)
+            seconds["db_wait"].add_metric([job], acc["db"] / 1000)
+            seconds["storage_wait"].add_metric([job], acc["storage"] / 1000)
+            seconds["wall"].add_metric([job], acc["wall"] / 1000)
+        yield runs
+        yield failures
+        yield from seconds.values()
+
+        day = clock.budget_day()
+        used = GaugeMetricFamily("fairshare_budget_cpu_used_seconds", "CPU charged today", labels=["account", "queue"])
+        limit = GaugeMetricFamily("fairshare_budget_cpu_limit_seconds", "Daily CPU budget", labels=["account", "queue"])
+        usage = {(u["account__slug"], u["queue"]): u["cpu_used_ms"]
+                 for u in UsageDay.objects.filter(day=day).values("account__slug", "queue", "cpu_used_ms")}
+        for b in Budget.objects.values("account__slug", "queue", "cpu_seconds_per_day").order_by("account__slug", "queue"):
+            key = (b["account__slug"], b["queue"])
+            limit.add_metric(list(key), b["cpu_seconds_per_day"])
+            used.add_metric(list(key), usage.get(key, 0) / 1000)
+        yield used
+        yield limit
+
+        exported = ExportRecord.objects.filter(status=ExportStatus.SUCCEEDED).aggregate(
+            rows=Sum("row_count"), size=Sum("byte_size"), n=Count("pk"))
+        yield GaugeMetricFamily("fairshare_exports_retained", "Succeeded exports still stored", value=exported["n"])
+        yield GaugeMetricFamily("fairshare_export_rows_retained", "Rows in stored exports", value=exported["rows"] or 0)
+        yield GaugeMetricFamily("fairshare_export_bytes_retained", "Bytes of stored exports", value=exported["size"] or 0)
+        by_status = GaugeMetricFamily("fairshare_exports", "Exports by status", labels=["status"])
+        for row in ExportRecord.objects.values("status").annotate(n=Count("pk")).order_by():
+            by_status.add_metric([row["status"]], row["n"])
+        yield by_status
+
+        alive = GaugeMetricFamily("fairshare_workers_alive", "Workers heard from in the last minute", labels=["queue"])
+        since = timezone.now() - dt.timedelta(seconds=60)
+        for row in WorkerHeartbeat.objects.filter(seen_at__gte=since).values("queue").annotate(n=Count("pk")).order_by():
+            alive.add_metric([row["queue"]], row["n"])
+        yield alive
