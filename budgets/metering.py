@@ -77,7 +77,9 @@ class Meter:
         self.peak_rss_kb = peak_rss_kb()
 
     def _time_query(self, execute, sql, params, many, context):
-        if self._in_read:
+        # Not after stop(): settlement runs inside measure() but after the figures are fixed, and
+        # its own queries must not make the TaskRun disagree with what the ledger was charged.
+        if self._in_read or self._stopped:
             return execute(sql, params, many, context)
         t0 = time.perf_counter()
         try:

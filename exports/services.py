@@ -10,8 +10,8 @@ from zoneinfo import ZoneInfo
 from django.conf import settings
 from django.core.mail import send_mail
 from django.db import IntegrityError, transaction
-from django.db.models import F, Q
-from django.db.models.functions import Coalesce, Now
+from django.db.models import DurationField, F, Q, Value
+from django.db.models.functions import Coalesce, Now, NullIf
 from django.utils import timezone
 
 from budgets.limits import BudgetExhausted, RunBudget, UnlimitedBudget
@@ -428,13 +428,16 @@ def purge_expired_exports() -> int:
     """Delete exports past their retention, and their stored objects. Returns exports purged.
 
     Succeeded exports expire at `expires_at` (set at completion from the account's retention or
-    the default); failed and cancelled ones after the default retention.
+    the default); failed and cancelled ones the same number of days after they finished.
     """
     now = timezone.now()
-    default = dt.timedelta(days=settings.FAIRSHARE["EXPORT_RETENTION_DAYS"])
+    # Account.export_retention_days, or the default when empty (0 too, as at completion).
+    retention_days = Coalesce(
+        NullIf(F("account__export_retention_days"), 0), settings.FAIRSHARE["EXPORT_RETENTION_DAYS"])
+    one_day = Value(dt.timedelta(days=1), output_field=DurationField())
     expired = ExportRecord.objects.filter(
         Q(status=ExportStatus.SUCCEEDED, expires_at__lt=now)
-        | Q(status__in=[ExportStatus.FAILED, ExportStatus.CANCELLED], completed_at__lt=now - default)
+        | Q(status__in=[ExportStatus.FAILED, ExportStatus.CANCELLED], completed_at__lt=now - retention_days * one_day)
     )
     purged = 0
     for export_id, account_id in expired.values_list("pk", "account_id"):
@@ -474,6 +477,12 @@ def run_export_schedules(*, now: dt.datetime | None = None) -> int:
         "account", "requested_by"
     ):
         start, end = schedule_period(schedule, now)
+        if day_bounds(start, end)[1] > now:
+            # An export's dates are UTC days (sources.day_bounds): east of UTC, the local run time
+            # can come before the period's last UTC day is over, and an export requested now would
+            # miss the rest of it for good (its key makes it the period's only export). A later
+            # tick, once the period is over, requests it.
+            continue
         try:
             _, was_created = export_request(
                 account_slug=schedule.account.slug, user=schedule.requested_by, start=start, end=end,

@@ -28,3 +28,11 @@ def rollup_task_runs(ctx) -> None:
 def prune_django_q(ctx) -> None:
     """Prune django-q2's own task rows and stale worker heartbeats."""
     ctx.items = services.prune_django_q(older_than_days=settings.FAIRSHARE["DJANGO_Q_RETENTION_DAYS"])
+
+
+@job("scheduling.noop", queue="default", account_scoped=True, cpu_estimate_ms=5)
+def noop(ctx) -> None:
+    """Does nothing, through the whole runner and middleware chain (admission, metering,
+    settlement): the small job of the capacity rehearsal (`manage.py rehearse --small-jobs`),
+    standing in for the cheap tasks that share the default queue with real work."""
+    ctx.items = 1

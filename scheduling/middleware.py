@@ -7,7 +7,7 @@
 import datetime as dt
 import logging
 
-from django.db import close_old_connections
+from django.db import connections
 
 from budgets import clock
 from budgets.limits import BudgetExhausted
@@ -18,6 +18,19 @@ from scheduling.registry import get_job
 from scheduling.retries import is_transient
 
 logger = logging.getLogger("fairshare.tasks")
+
+
+def close_old_connections() -> None:
+    """Django's `close_old_connections()`, except for a connection inside a caller's transaction.
+
+    In a worker every run starts outside any transaction, and dropping a dead or obsolete
+    connection is what we want. A run made in-process (django-q2 `sync` mode, a test, an on-commit
+    callback run inside an outer atomic block) must not close the connection under its caller:
+    Django would drop it mid-transaction and the caller's work would be lost.
+    """
+    for conn in connections.all(initialized_only=True):
+        if not conn.in_atomic_block:
+            conn.close_if_unusable_or_obsolete()
 
 
 class ContractMiddleware:
