@@ -6,7 +6,7 @@
 """
 import logging
 
-from django.db import close_old_connections
+from django.db import connections
 
 from scheduling import envelope as contract
 from scheduling import services
@@ -14,6 +14,18 @@ from scheduling.models import Outcome
 from scheduling.registry import get_job
 
 logger = logging.getLogger("fairshare.tasks")
+
+
+def close_old_connections() -> None:
+    """Django's close_old_connections(), minus connections inside a transaction.
+
+    Django treats a connection whose autocommit is off as unusable and closes it; inside an
+    atomic block (a caller running the task inline, django-q2's sync mode, a test) that would
+    destroy the caller's transaction. A worker between tasks is never inside one.
+    """
+    for conn in connections.all(initialized_only=True):
+        if not conn.in_atomic_block:
+            conn.close_if_unusable_or_obsolete()
 
 
 class ContractMiddleware:
