@@ -5,13 +5,18 @@ from django.utils import timezone
 from budgets.models import ApiToken, hash_token
 
 
+class CsrfFailed(Exception):
+    """A session request that changes state arrived without a valid CSRF token."""
+
+
 class _CsrfCheck(CsrfViewMiddleware):
     def _reject(self, request, reason):
         return reason
 
 
 def api_user(request):
-    """The user a request acts as, or None. Session requests that change state need CSRF."""
+    """The user a request acts as, or None. Session requests that change state need CSRF
+    (raises CsrfFailed without it)."""
     header = request.headers.get("Authorization", "")
     if header.startswith("Bearer "):
         token = ApiToken.objects.select_related("user").filter(key_hash=hash_token(header[7:].strip())).first()
@@ -24,6 +29,7 @@ def api_user(request):
         return None
     if request.method not in ("GET", "HEAD", "OPTIONS"):
         # The API views are csrf_exempt for token clients; a browser session still needs the token.
-        if _CsrfCheck(lambda r: None).process_view(request, None, (), {}) is not None:
-            return None
+        reason = _CsrfCheck(lambda r: None).process_view(request, None, (), {})
+        if reason is not None:
+            raise CsrfFailed(reason)
     return user

@@ -6,7 +6,7 @@ from django.http import HttpResponseRedirect, JsonResponse
 from django.views.decorators.csrf import csrf_exempt
 from django.views.decorators.http import require_GET, require_POST
 
-from budgets.auth import api_user
+from budgets.auth import CsrfFailed, api_user
 from exports import storage
 from exports.forms import ExportRequestForm
 from exports.models import ExportRecord, ExportStatus
@@ -63,7 +63,10 @@ def _unauthenticated() -> JsonResponse:
 @csrf_exempt  # token clients have no CSRF cookie; api_user() checks CSRF for session requests
 @require_POST
 def request_export(request, slug: str):
-    user = api_user(request)
+    try:
+        user = api_user(request)
+    except CsrfFailed as exc:
+        return error_response(HTTPStatus.FORBIDDEN, "csrf_failed", f"CSRF check failed: {exc}")
     if user is None:
         return _unauthenticated()
     try:
@@ -82,6 +85,8 @@ def request_export(request, slug: str):
             source=data["source"], idempotency_key=data["idempotency_key"] or None,
         )
     except ExportRequestError as exc:
+        if exc.code == "not_member":  # answer exactly as for an unknown account (see ERROR_STATUS)
+            exc = ExportRequestError("unknown_account", f"No account {slug!r}.")
         return error_response(ERROR_STATUS.get(exc.code, HTTPStatus.BAD_REQUEST), exc.code, exc.message)
     return JsonResponse(export_json(record), status=HTTPStatus.ACCEPTED if created else HTTPStatus.OK)
 

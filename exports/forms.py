@@ -2,12 +2,23 @@
 
 Forms parse types; the scope rules (membership, range, limits) live in `services.export_request`.
 """
+import datetime as dt
+
 from django import forms
 
 
+class IsoDateField(forms.DateField):
+    """A YYYY-MM-DD string. JSON numbers, lists or objects are invalid input, not a crash."""
+
+    def to_python(self, value):
+        if value not in self.empty_values and not isinstance(value, (str, dt.date)):
+            raise forms.ValidationError(self.error_messages["invalid"], code="invalid")
+        return super().to_python(value)
+
+
 class ExportRequestForm(forms.Form):
-    start = forms.DateField(input_formats=["%Y-%m-%d"], error_messages={"invalid": "Use a date as YYYY-MM-DD."})
-    end = forms.DateField(input_formats=["%Y-%m-%d"], error_messages={"invalid": "Use a date as YYYY-MM-DD."})
+    start = IsoDateField(input_formats=["%Y-%m-%d"], error_messages={"invalid": "Use a date as YYYY-MM-DD."})
+    end = IsoDateField(input_formats=["%Y-%m-%d"], error_messages={"invalid": "Use a date as YYYY-MM-DD."})
     format = forms.CharField(required=False, max_length=10)
     source = forms.CharField(required=False, max_length=40)
     idempotency_key = forms.CharField(required=False, max_length=200)

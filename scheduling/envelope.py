@@ -32,15 +32,23 @@ def parse(message: Any) -> Envelope:
     """Validate a raw queue message against contract version 1."""
     if not isinstance(message, dict):
         raise ContractError(f"envelope must be an object, got {type(message).__name__}")
-    if message.get("v") != VERSION:
+    # `type(...) is int`: True and 1.0 compare equal to 1 but are not version 1.
+    if type(message.get("v")) is not int or message["v"] != VERSION:
         raise ContractError(f"unsupported envelope version {message.get('v')!r} (this worker speaks v{VERSION})")
-    if set(message) != FIELDS:
-        raise ContractError(f"envelope fields must be {sorted(FIELDS)}, got {sorted(map(str, message))}")
+    # Our own field names are written unquoted: stored errors are redacted, and redaction
+    # replaces quoted literals. Unexpected keys come from the message, so they stay quoted.
+    if missing := sorted(FIELDS - set(message)):
+        raise ContractError(f"envelope is missing {', '.join(missing)} (v{VERSION} fields: {', '.join(sorted(FIELDS))})")
+    if unexpected := sorted(map(str, set(message) - FIELDS)):
+        raise ContractError(
+            f"envelope has {len(unexpected)} unexpected field(s) {unexpected} "
+            f"(v{VERSION} fields: {', '.join(sorted(FIELDS))})"
+        )
     job, account, ref = message["job"], message["account"], message["ref"]
     if not isinstance(job, str) or not job:
-        raise ContractError("envelope 'job' must be a non-empty string")
+        raise ContractError("envelope field job must be a non-empty string")
     if account is not None and (not isinstance(account, int) or isinstance(account, bool)):
-        raise ContractError("envelope 'account' must be an integer id or null")
+        raise ContractError("envelope field account must be an integer id or null")
     if not isinstance(ref, str) or len(ref) > MAX_REF_LENGTH:
-        raise ContractError(f"envelope 'ref' must be a string of at most {MAX_REF_LENGTH} characters")
+        raise ContractError(f"envelope field ref must be a string of at most {MAX_REF_LENGTH} characters")
     return Envelope(job=job, account=account, ref=ref)

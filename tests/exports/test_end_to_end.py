@@ -66,7 +66,11 @@ def test_export_runs_through_a_real_worker_and_downloads_exactly_the_accounts_ra
     assert record.checksum_sha256 == hashlib.sha256(body).hexdigest()
     assert record.output_key == f"exports/{account.pk}/{record.pk}.csv"
 
-    run = TaskRun.objects.get(job="exports.build", ref=str(record.pk))
+    # The export is complete before the runner finishes writing its TaskRun: wait for that too.
+    run = wait_for(
+        lambda: TaskRun.objects.filter(job="exports.build", ref=str(record.pk)).exclude(outcome=Outcome.RUNNING).first(),
+        timeout=30, message="the task run to be recorded",
+    )
     assert run.outcome == Outcome.SUCCEEDED, (run.error_class, run.error_message)
     assert run.items == 3 and run.account_id == account.pk
     attempt = record.attempts.get()

@@ -5,7 +5,7 @@ from django.contrib.auth import get_user_model
 from django.core.management.base import BaseCommand, CommandError
 from tqdm import tqdm
 
-from budgets.models import Membership, Role
+from budgets.models import Account, Membership, Role
 from exports.api import export_json
 from exports.forms import ExportRequestForm
 from exports.models import ExportRecord
@@ -67,6 +67,8 @@ class Command(BaseCommand):
         owner = (Membership.objects.filter(account__slug=account, role=Role.OWNER)
                  .select_related("user").order_by("created_at").first())
         if owner is None:
+            if not Account.objects.filter(slug=account).exists():
+                raise CommandError(f"No account {account!r}. (unknown_account)")
             raise CommandError(f"Account {account!r} has no owner to act as; pass --user.")
         return owner.user
 

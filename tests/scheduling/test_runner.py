@@ -1,0 +1,267 @@
+"""The generic runner django-q2 executes: every message ends as one inspectable TaskRun, and no
+exception (with its customer data) ever escapes to django-q2's own failure records."""
+import os
+import time
+import uuid
+
+import pytest
+from django.db import connection, transaction
+from django_q.models import OrmQ, Task
+from django_q.tasks import async_task
+
+from scheduling.models import Outcome, TaskRun
+from scheduling.registry import job
+from scheduling.runtime import RUNNER, execute
+from tests.conftest import wait_for
+
+pytestmark = pytest.mark.django_db
+
+
+# Jobs known only to this process (a real worker would not know them: see the last tests).
+
+@job("tests.noop", queue="default")
+def noop(ctx) -> None:
+    ctx.items = 7
+
+
+@job("tests.nothing_to_do", queue="default")
+def nothing_to_do(ctx) -> None:
+    ctx.outcome = Outcome.SKIPPED
+
+
+@job("tests.boom", queue="default")
+def boom(ctx) -> None:
+    ctx.items = 2
+    raise ValueError("card 4111111111111111 for bob@example.com")
+
+
+@job("tests.spin", queue="default")
+def spin(ctx) -> None:
+    # Burn ~0.3 s of this process's CPU time (not wall time: a busy machine just takes longer).
+    start = time.process_time()
+    while time.process_time() - start < 0.3:
+        pass
+
+
+@job("tests.query", queue="default")
+def query(ctx) -> None:
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT pg_sleep(0.05)")
+
+
+@job("tests.system", queue="default", account_scoped=False)
+def system(ctx) -> None:
+    ctx.items = 1
+
+
+def envelope(job: str, account: int | None, ref: str = "") -> dict:
+    return {"v": 1, "job": job, "account": account, "ref": ref or str(uuid.uuid4())}
+
+
+def only_run() -> TaskRun:
+    runs = list(TaskRun.objects.all())
+    assert len(runs) == 1, [(r.job, r.outcome, r.error_message) for r in runs]
+    return runs[0]
+
+
+# --- Contract failures: recorded as rejected, never raised ----------------------------------
+
+@pytest.mark.parametrize(
+    ("message", "expected_job", "reason"),
+    [
+        pytest.param("exports.build", "(malformed)", "envelope must be an object, got str", id="string"),
+        pytest.param(None, "(malformed)", "envelope must be an object, got NoneType", id="none"),
+        pytest.param({"v": 1, "job": "tests.noop", "account": None}, "tests.noop", "envelope is missing ref",
+                     id="missing-ref"),
+        pytest.param({"v": 1, "job": "tests.noop", "account": None, "ref": "r", "timeout": 5}, "tests.noop",
+                     "envelope has 1 unexpected field(s)", id="extra-field"),
+        pytest.param({"v": 99, "job": "exports.build", "account": None, "ref": "r"}, "exports.build",
+                     "unsupported envelope version 99 (this worker speaks v1)", id="v99"),
+        pytest.param({"v": 1, "job": "tests.nope", "account": None, "ref": "r"}, "tests.nope", "unknown job",
+                     id="unknown-job"),
+    ],
+)
+def test_an_unusable_message_is_recorded_as_one_rejected_run_saying_why(message, expected_job, reason):
+    execute(message)  # must not raise: django-q2 would store the traceback
+
+    run = only_run()
+    assert run.outcome == Outcome.REJECTED
+    assert run.job == expected_job
+    assert run.error_class in {"scheduling.envelope.ContractError", "scheduling.registry.UnknownJob"}
+    assert reason in run.error_message
+    assert run.started_at is not None and run.finished_at is not None
+
+
+def test_an_unknown_job_is_rejected_as_an_unknown_job():
+    execute(envelope("tests.does_not_exist", None))
+
+    run = only_run()
+    assert run.error_class == "scheduling.registry.UnknownJob"
+    assert run.job == "tests.does_not_exist"
+
+
+def test_a_rejected_message_keeps_its_account_when_the_account_exists(account):
+    execute({"v": 99, "job": "exports.build", "account": account.pk, "ref": "r"})
+
+    assert only_run().account == account
+
+
+def test_a_rejected_message_naming_a_missing_account_is_still_recorded():
+    execute({"v": 99, "job": "exports.build", "account": 987_654, "ref": "r"})
+
+    run = only_run()
+    assert run.outcome == Outcome.REJECTED and run.account is None
+
+
+def test_a_rejected_message_does_not_store_customer_data_it_carried():
+    execute({"v": 2, "job": "exports.build", "account": None, "ref": "carol@example.com 4111111111111111"})
+
+    run = only_run()
+    assert run.outcome == Outcome.REJECTED
+    assert "carol" not in run.ref and "4111111111111111" not in run.ref
+
+
+def test_a_rejected_message_keeps_an_export_id_ref_intact_so_the_export_can_be_found():
+    export_id = "12345678-4a57-4c1e-9d0a-123456789012"  # all-digit segments, as ~1 in 40 ids have
+
+    execute({"v": 99, "job": "exports.build", "account": None, "ref": export_id})
+
+    assert only_run().ref == export_id
+
+
+def test_an_account_scoped_job_without_an_account_is_rejected():
+    execute(envelope("tests.noop", None))
+
+    run = only_run()
+    assert run.outcome == Outcome.REJECTED
+    assert run.error_class == "scheduling.envelope.ContractError"
+    assert "needs an account" in run.error_message
+
+
+# --- Registered jobs: run through the chain, metered and recorded ----------------------------
+
+def test_a_job_runs_and_is_recorded_as_succeeded_with_its_items(account):
+    ref = str(uuid.uuid4())
+
+    execute(envelope("tests.noop", account.pk, ref))
+
+    run = only_run()
+    assert run.outcome == Outcome.SUCCEEDED
+    assert (run.job, run.queue, run.account, run.ref) == ("tests.noop", "default", account, ref)
+    assert run.items == 7
+    assert run.cpu_ms >= 0 and run.wall_ms >= 0
+    assert run.finished_at >= run.started_at
+    assert run.worker.endswith(f":{os.getpid()}")
+    assert run.error_class == "" and run.error_message == ""
+
+
+def test_a_system_job_runs_without_an_account():
+    execute(envelope("tests.system", None))
+
+    run = only_run()
+    assert run.outcome == Outcome.SUCCEEDED and run.account is None and run.items == 1
+
+
+def test_a_handler_that_finds_nothing_to_do_is_recorded_as_skipped(account):
+    execute(envelope("tests.nothing_to_do", account.pk))
+
+    assert only_run().outcome == Outcome.SKIPPED
+
+
+def test_a_failing_handler_is_recorded_as_failed_with_a_redacted_message_and_does_not_raise(account):
+    execute(envelope("tests.boom", account.pk))
+
+    run = only_run()
+    assert run.outcome == Outcome.FAILED
+    assert run.error_class == "ValueError"
+    assert run.error_message == "card *** for ***@***"
+    assert "4111" not in run.error_message and "bob@example.com" not in run.error_message
+    # What the handler did before it failed is kept.
+    assert run.items == 2
+
+
+def test_cpu_time_spent_by_the_handler_is_recorded(account):
+    execute(envelope("tests.spin", account.pk))
+
+    run = only_run()
+    assert run.outcome == Outcome.SUCCEEDED
+    assert run.cpu_ms >= 200
+    # Wall time covers the CPU time (a process cannot use more than one core's worth here).
+    assert run.wall_ms >= run.cpu_ms - 5
+
+
+def test_time_waiting_on_the_database_is_recorded_apart_from_cpu_time(account):
+    execute(envelope("tests.query", account.pk))
+
+    run = only_run()
+    assert run.outcome == Outcome.SUCCEEDED
+    # pg_sleep(0.05) keeps the query busy for at least 50 ms while this process waits.
+    assert run.db_wait_ms >= 45
+    assert run.cpu_ms < run.db_wait_ms
+
+
+def test_every_delivery_gets_its_own_run_record(account):
+    message = envelope("tests.noop", account.pk)
+
+    execute(message)
+    execute(message)  # a duplicate delivery (the ORM broker is at-least-once)
+
+    assert TaskRun.objects.filter(ref=message["ref"], outcome=Outcome.SUCCEEDED).count() == 2
+
+
+def test_running_a_task_inline_inside_a_transaction_leaves_the_callers_transaction_usable(account):
+    # django-q2's sync mode (and any inline call) runs the task inside the caller's transaction.
+    with transaction.atomic():
+        account.name = "Renamed inside the transaction"
+        account.save()
+        execute(envelope("tests.noop", account.pk))
+
+        account.refresh_from_db()
+        assert account.name == "Renamed inside the transaction"
+    assert only_run().outcome == Outcome.SUCCEEDED
+
+
+# --- A real worker process ------------------------------------------------------------------
+
+@pytest.mark.processes
+@pytest.mark.django_db(transaction=True)
+def test_a_real_worker_records_unusable_messages_as_rejected_runs_and_stores_no_failure(account, start_cluster):
+    cluster = start_cluster("default")
+    bad_version_ref = str(uuid.uuid4())
+
+    # Enqueued the way a stale or foreign producer would: straight to django-q2, no validation.
+    async_task(RUNNER, {"v": 99, "job": "exports.build", "account": account.pk, "ref": bad_version_ref})
+    async_task(RUNNER, "not an envelope")
+    async_task(RUNNER, {"v": 1, "job": "tests.noop", "account": account.pk, "ref": "unknown-to-the-worker"})
+
+    wait_for(lambda: TaskRun.objects.count() >= 3, timeout=60,
+             message=f"three task runs; worker log:\n{cluster.log()}")
+    runs = {run.ref: run for run in TaskRun.objects.all()}
+
+    def diagnosis() -> str:
+        rows = [(r.ref, r.job, r.outcome, r.worker, r.error_class, r.error_message) for r in TaskRun.objects.all()]
+        failures = list(Task.objects.filter(success=False).values_list("func", "result"))
+        return f"runs: {rows}\ndjango-q2 failures: {failures}\nworker log:\n{cluster.log()}"
+
+    assert set(runs) == {bad_version_ref, "", "unknown-to-the-worker"}, diagnosis()
+    bad_version = runs[bad_version_ref]
+    assert bad_version.outcome == Outcome.REJECTED
+    assert bad_version.job == "exports.build" and bad_version.account == account
+    assert bad_version.error_class == "scheduling.envelope.ContractError"
+    assert "unsupported envelope version 99" in bad_version.error_message
+
+    malformed = runs[""]
+    assert malformed.outcome == Outcome.REJECTED and malformed.job == "(malformed)"
+
+    # A job registered only in this test module does not exist in the worker.
+    unknown = runs["unknown-to-the-worker"]
+    assert unknown.outcome == Outcome.REJECTED
+    assert unknown.error_class == "scheduling.registry.UnknownJob"
+
+    # They ran in the worker, not here.
+    assert all(not run.worker.endswith(f":{os.getpid()}") for run in runs.values())
+    # django-q2 saw three successes: all acknowledged, no failure (and no traceback) stored.
+    wait_for(lambda: not OrmQ.objects.exists(), timeout=30,
+             message=f"the broker to acknowledge every task; {diagnosis()}")
+    assert not Task.objects.filter(success=False).exists(), diagnosis()
+    assert TaskRun.objects.count() == 3, diagnosis()
