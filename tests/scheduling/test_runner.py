@@ -19,23 +19,23 @@ pytestmark = pytest.mark.django_db
 
 # Jobs known only to this process (a real worker would not know them: see the last tests).
 
-@job("tests.noop", queue="default")
+@job("tests.runner.noop", queue="default")
 def noop(ctx) -> None:
     ctx.items = 7
 
 
-@job("tests.nothing_to_do", queue="default")
+@job("tests.runner.nothing_to_do", queue="default")
 def nothing_to_do(ctx) -> None:
     ctx.outcome = Outcome.SKIPPED
 
 
-@job("tests.boom", queue="default")
+@job("tests.runner.boom", queue="default")
 def boom(ctx) -> None:
     ctx.items = 2
     raise ValueError("card 4111111111111111 for bob@example.com")
 
 
-@job("tests.spin", queue="default")
+@job("tests.runner.spin", queue="default")
 def spin(ctx) -> None:
     # Burn ~0.3 s of this process's CPU time (not wall time: a busy machine just takes longer).
     start = time.process_time()
@@ -43,13 +43,13 @@ def spin(ctx) -> None:
         pass
 
 
-@job("tests.query", queue="default")
+@job("tests.runner.query", queue="default")
 def query(ctx) -> None:
     with connection.cursor() as cursor:
         cursor.execute("SELECT pg_sleep(0.05)")
 
 
-@job("tests.system", queue="default", account_scoped=False)
+@job("tests.runner.system", queue="default", account_scoped=False)
 def system(ctx) -> None:
     ctx.items = 1
 
@@ -71,9 +71,9 @@ def only_run() -> TaskRun:
     [
         pytest.param("exports.build", "(malformed)", "envelope must be an object, got str", id="string"),
         pytest.param(None, "(malformed)", "envelope must be an object, got NoneType", id="none"),
-        pytest.param({"v": 1, "job": "tests.noop", "account": None}, "tests.noop", "envelope is missing ref",
+        pytest.param({"v": 1, "job": "tests.runner.noop", "account": None}, "tests.runner.noop", "envelope is missing ref",
                      id="missing-ref"),
-        pytest.param({"v": 1, "job": "tests.noop", "account": None, "ref": "r", "timeout": 5}, "tests.noop",
+        pytest.param({"v": 1, "job": "tests.runner.noop", "account": None, "ref": "r", "timeout": 5}, "tests.runner.noop",
                      "envelope has 1 unexpected field(s)", id="extra-field"),
         pytest.param({"v": 99, "job": "exports.build", "account": None, "ref": "r"}, "exports.build",
                      "unsupported envelope version 99 (this worker speaks v1)", id="v99"),
@@ -130,7 +130,7 @@ def test_a_rejected_message_keeps_an_export_id_ref_intact_so_the_export_can_be_f
 
 
 def test_an_account_scoped_job_without_an_account_is_rejected():
-    execute(envelope("tests.noop", None))
+    execute(envelope("tests.runner.noop", None))
 
     run = only_run()
     assert run.outcome == Outcome.REJECTED
@@ -143,11 +143,11 @@ def test_an_account_scoped_job_without_an_account_is_rejected():
 def test_a_job_runs_and_is_recorded_as_succeeded_with_its_items(account):
     ref = str(uuid.uuid4())
 
-    execute(envelope("tests.noop", account.pk, ref))
+    execute(envelope("tests.runner.noop", account.pk, ref))
 
     run = only_run()
     assert run.outcome == Outcome.SUCCEEDED
-    assert (run.job, run.queue, run.account, run.ref) == ("tests.noop", "default", account, ref)
+    assert (run.job, run.queue, run.account, run.ref) == ("tests.runner.noop", "default", account, ref)
     assert run.items == 7
     assert run.cpu_ms >= 0 and run.wall_ms >= 0
     assert run.finished_at >= run.started_at
@@ -156,20 +156,20 @@ def test_a_job_runs_and_is_recorded_as_succeeded_with_its_items(account):
 
 
 def test_a_system_job_runs_without_an_account():
-    execute(envelope("tests.system", None))
+    execute(envelope("tests.runner.system", None))
 
     run = only_run()
     assert run.outcome == Outcome.SUCCEEDED and run.account is None and run.items == 1
 
 
 def test_a_handler_that_finds_nothing_to_do_is_recorded_as_skipped(account):
-    execute(envelope("tests.nothing_to_do", account.pk))
+    execute(envelope("tests.runner.nothing_to_do", account.pk))
 
     assert only_run().outcome == Outcome.SKIPPED
 
 
 def test_a_failing_handler_is_recorded_as_failed_with_a_redacted_message_and_does_not_raise(account):
-    execute(envelope("tests.boom", account.pk))
+    execute(envelope("tests.runner.boom", account.pk))
 
     run = only_run()
     assert run.outcome == Outcome.FAILED
@@ -181,7 +181,7 @@ def test_a_failing_handler_is_recorded_as_failed_with_a_redacted_message_and_doe
 
 
 def test_cpu_time_spent_by_the_handler_is_recorded(account):
-    execute(envelope("tests.spin", account.pk))
+    execute(envelope("tests.runner.spin", account.pk))
 
     run = only_run()
     assert run.outcome == Outcome.SUCCEEDED
@@ -191,7 +191,7 @@ def test_cpu_time_spent_by_the_handler_is_recorded(account):
 
 
 def test_time_waiting_on_the_database_is_recorded_apart_from_cpu_time(account):
-    execute(envelope("tests.query", account.pk))
+    execute(envelope("tests.runner.query", account.pk))
 
     run = only_run()
     assert run.outcome == Outcome.SUCCEEDED
@@ -201,7 +201,7 @@ def test_time_waiting_on_the_database_is_recorded_apart_from_cpu_time(account):
 
 
 def test_every_delivery_gets_its_own_run_record(account):
-    message = envelope("tests.noop", account.pk)
+    message = envelope("tests.runner.noop", account.pk)
 
     execute(message)
     execute(message)  # a duplicate delivery (the ORM broker is at-least-once)
@@ -214,7 +214,7 @@ def test_running_a_task_inline_inside_a_transaction_leaves_the_callers_transacti
     with transaction.atomic():
         account.name = "Renamed inside the transaction"
         account.save()
-        execute(envelope("tests.noop", account.pk))
+        execute(envelope("tests.runner.noop", account.pk))
 
         account.refresh_from_db()
         assert account.name == "Renamed inside the transaction"
@@ -232,7 +232,7 @@ def test_a_real_worker_records_unusable_messages_as_rejected_runs_and_stores_no_
     # Enqueued the way a stale or foreign producer would: straight to django-q2, no validation.
     async_task(RUNNER, {"v": 99, "job": "exports.build", "account": account.pk, "ref": bad_version_ref})
     async_task(RUNNER, "not an envelope")
-    async_task(RUNNER, {"v": 1, "job": "tests.noop", "account": account.pk, "ref": "unknown-to-the-worker"})
+    async_task(RUNNER, {"v": 1, "job": "tests.runner.noop", "account": account.pk, "ref": "unknown-to-the-worker"})
 
     wait_for(lambda: TaskRun.objects.count() >= 3, timeout=60,
              message=f"three task runs; worker log:\n{cluster.log()}")
