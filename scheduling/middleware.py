@@ -98,9 +98,11 @@ class RetryMiddleware:
         except Exception as exc:
             ctx.error = exc
             policy = ctx.job.retry
+            # The failure may have broken this worker's connection (a dropped database connection
+            # is the classic transient error): reconnect before counting retries and holding.
+            close_old_connections()
             attempt = services.retries_so_far(job=ctx.job.name, ref=ctx.envelope.ref) + 1
             if is_transient(exc) and ctx.envelope.account is not None and attempt < policy.max_attempts:
-                close_old_connections()  # the failure may have broken this worker's connection
                 services.hold(
                     envelope=ctx.envelope, queue=ctx.job.queue, reason=DeferReason.RETRY_BACKOFF,
                     eligible_at=clock.now() + dt.timedelta(seconds=policy.delay(attempt)),
@@ -109,5 +111,4 @@ class RetryMiddleware:
                 return
             ctx.outcome = Outcome.FAILED
             if ctx.job.on_give_up is not None:
-                close_old_connections()
                 ctx.job.on_give_up(ctx, exc)
