@@ -120,7 +120,8 @@ if os.environ.get("FAIRSHARE_EXPORTS_S3_BUCKET"):
     }
 else:
     EXPORTS_STORAGE = {
-        "BACKEND": "django.core.files.storage.FileSystemStorage",
+        # Any FileSystemStorage subclass (the test suite points this at a failing one).
+        "BACKEND": os.environ.get("FAIRSHARE_EXPORTS_STORAGE_BACKEND", "django.core.files.storage.FileSystemStorage"),
         # The key of an export is deterministic: a second publish must replace, never rename.
         "OPTIONS": {
             "location": os.environ.get("FAIRSHARE_EXPORTS_ROOT", str(VAR_DIR / "exports")),
@@ -142,6 +143,9 @@ STORAGES = {
 # seconds even while it is still running (see docs/architecture.md).
 TASK_TIMEOUT_S = env_int("FAIRSHARE_TASK_TIMEOUT", 300)
 EXPORT_TIMEOUT_S = env_int("FAIRSHARE_EXPORT_TIMEOUT", 1800)
+EXPORT_RETRY_S = env_int("FAIRSHARE_EXPORT_RETRY", EXPORT_TIMEOUT_S + 60)
+if EXPORT_RETRY_S <= EXPORT_TIMEOUT_S:
+    raise ImproperlyConfigured("FAIRSHARE_EXPORT_RETRY must be larger than FAIRSHARE_EXPORT_TIMEOUT.")
 _broker = {"redis": os.environ["REDIS_URL"]} if os.environ.get("REDIS_URL") else {"orm": "default"}
 Q_CLUSTER = {
     "name": "default",
@@ -159,7 +163,7 @@ Q_CLUSTER = {
         "exports": {
             "workers": env_int("FAIRSHARE_EXPORT_WORKERS", 2),
             "timeout": EXPORT_TIMEOUT_S,
-            "retry": EXPORT_TIMEOUT_S + 60,
+            "retry": EXPORT_RETRY_S,
         },
     },
 }
@@ -236,4 +240,6 @@ LOGGING = {
 }
 
 EMAIL_BACKEND = os.environ.get("EMAIL_BACKEND", "django.core.mail.backends.console.EmailBackend")
+# Where django.core.mail.backends.filebased.EmailBackend writes messages (one file per connection).
+EMAIL_FILE_PATH = os.environ.get("EMAIL_FILE_PATH") or None
 LOGIN_URL = "admin:login"

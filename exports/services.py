@@ -27,7 +27,7 @@ from exports.streaming import stream_csv
 from scheduling.faults import fault_point
 from scheduling.models import DeferredTask, Outcome, TaskRun
 from scheduling.redaction import describe_error
-from scheduling.runtime import enqueue, enqueue_on_commit
+from scheduling.runtime import close_old_connections, enqueue, enqueue_on_commit
 
 logger = logging.getLogger("fairshare.exports")
 
@@ -371,19 +371,31 @@ def export_build(
         _attempt_finish(attempt, outcome=AttemptOutcome.BUDGET_EXHAUSTED, rows=rows)
         raise
     except BaseException as exc:
-        try:
-            _attempt_finish(attempt, outcome=AttemptOutcome.FAILED, rows=rows, error=exc)
-            export_release(export_id=record.pk, epoch=epoch)
-        except Exception:
-            # The database itself may be what failed. The record keeps its lease, which expires,
-            # and the reconciler sends it again; the original error is what we report.
-            logger.warning("could not record the failure of export %s", record.pk)
+        _record_failure(attempt, rows=rows, error=exc)
         raise
     _attempt_finish(attempt, outcome=outcome, rows=result.rows)
     export_notify_once(export_id=record.pk)
     fault_point("after_complete")
     logger.info("export completed", extra={"export": str(record.pk), "rows": result.rows, "how": outcome})
     return BuildResult(outcome=Outcome.SUCCEEDED, rows=result.rows)
+
+
+def _record_failure(attempt: ExportAttempt, *, rows: int, error: BaseException) -> None:
+    """Record a failed attempt and give its claim back, so that a retry can claim it at once."""
+    for reconnect in (False, True):
+        try:
+            if reconnect:
+                # The failure may have been this worker's database connection dropping: Django
+                # keeps a broken connection until it is closed; the next query reconnects.
+                close_old_connections()
+            _attempt_finish(attempt, outcome=AttemptOutcome.FAILED, rows=rows, error=error)
+            export_release(export_id=attempt.export_id, epoch=attempt.epoch)
+            return
+        except Exception:
+            pass
+    # The database is still away. The record keeps its lease, which expires, and the reconciler
+    # sends it again; the original error is what we report.
+    logger.warning("could not record the failure of export %s", attempt.export_id)
 
 
 def _build_and_publish(record: ExportRecord, *, key: str, meter: Meter, on_batch, checkpoint) -> storage.Manifest:

@@ -7,7 +7,6 @@
 import datetime as dt
 import logging
 
-from django.db import connections
 
 from budgets import clock
 from budgets.limits import BudgetExhausted
@@ -16,21 +15,9 @@ from scheduling import services
 from scheduling.models import DeferReason, Outcome
 from scheduling.registry import get_job
 from scheduling.retries import is_transient
+from scheduling.runtime import close_old_connections
 
 logger = logging.getLogger("fairshare.tasks")
-
-
-def close_old_connections() -> None:
-    """Django's `close_old_connections()`, except for a connection inside a caller's transaction.
-
-    In a worker every run starts outside any transaction, and dropping a dead or obsolete
-    connection is what we want. A run made in-process (django-q2 `sync` mode, a test, an on-commit
-    callback run inside an outer atomic block) must not close the connection under its caller:
-    Django would drop it mid-transaction and the caller's work would be lost.
-    """
-    for conn in connections.all(initialized_only=True):
-        if not conn.in_atomic_block:
-            conn.close_if_unusable_or_obsolete()
 
 
 class ContractMiddleware:
@@ -111,9 +98,11 @@ class RetryMiddleware:
         except Exception as exc:
             ctx.error = exc
             policy = ctx.job.retry
+            # The failure may have broken this worker's connection (a dropped database connection
+            # is the classic transient error): reconnect before counting retries and holding.
+            close_old_connections()
             attempt = services.retries_so_far(job=ctx.job.name, ref=ctx.envelope.ref) + 1
             if is_transient(exc) and ctx.envelope.account is not None and attempt < policy.max_attempts:
-                close_old_connections()  # the failure may have broken this worker's connection
                 services.hold(
                     envelope=ctx.envelope, queue=ctx.job.queue, reason=DeferReason.RETRY_BACKOFF,
                     eligible_at=clock.now() + dt.timedelta(seconds=policy.delay(attempt)),
@@ -122,5 +111,4 @@ class RetryMiddleware:
                 return
             ctx.outcome = Outcome.FAILED
             if ctx.job.on_give_up is not None:
-                close_old_connections()
                 ctx.job.on_give_up(ctx, exc)

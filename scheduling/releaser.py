@@ -10,7 +10,7 @@ import threading
 import time
 
 from django.conf import settings
-from django.db import close_old_connections, connections
+from django.db import connections
 from django.utils import timezone
 
 logger = logging.getLogger("fairshare.releaser")
@@ -26,6 +26,7 @@ def beat(queue: str) -> None:
 
 def _loop(interval: float, queue: str) -> None:
     from budgets.services import release_due
+    from scheduling.runtime import close_old_connections
 
     every = settings.FAIRSHARE["WORKER_HEARTBEAT_S"]
     last_beat = 0.0

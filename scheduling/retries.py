@@ -21,6 +21,13 @@ try:  # S3 through django-storages
 except ImportError:  # pragma: no cover - botocore is installed with django-storages[s3]
     pass
 
+try:  # the raw psycopg connection exports stream from (exports.streaming): its errors are not Django's
+    import psycopg
+
+    TRANSIENT += (psycopg.OperationalError, psycopg.InterfaceError)
+except ImportError:  # pragma: no cover - SQLite-only installs
+    pass
+
 
 class TransientError(Exception):
     """Raise (or subclass) to mark a failure as worth retrying."""

@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from django.conf import settings
-from django.db import transaction
+from django.db import connections, transaction
 from django.utils.module_loading import import_string
 from django_q.tasks import async_task
 
@@ -71,6 +71,19 @@ def enqueue_on_commit(*, job: str, account: int | None, ref: str) -> None:
     # Enqueue only once the rows the job will load are visible to other connections.
     get_job(job)  # fail fast, in the caller, on an unknown job name
     transaction.on_commit(lambda: enqueue(job=job, account=account, ref=ref))
+
+
+def close_old_connections() -> None:
+    """Django's `close_old_connections()`, except for a connection inside a caller's transaction.
+
+    In a worker every run starts outside any transaction, and dropping a dead or obsolete
+    connection is what we want. A run made in-process (django-q2 `sync` mode, a test, an on-commit
+    callback run inside an outer atomic block) must not close the connection under its caller:
+    Django would drop it mid-transaction and the caller's work would be lost.
+    """
+    for conn in connections.all(initialized_only=True):
+        if not conn.in_atomic_block:
+            conn.close_if_unusable_or_obsolete()
 
 
 def _call_handler(ctx: TaskContext) -> None:

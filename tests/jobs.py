@@ -3,7 +3,10 @@
 The envelope carries identifiers only, so a test job reads its parameter from its ref:
 "<milliseconds>/<unique id>".
 """
+import os
 import time
+
+from django.db import connection
 
 from scheduling.registry import job
 
@@ -42,3 +45,20 @@ def spin_checked(ctx) -> None:
 def sleep(ctx) -> None:
     """Holds its slot for a while without using CPU."""
     time.sleep(_ms(ctx) / 1000)
+
+
+@job("tests.hold_exports_worker", queue="exports", cpu_estimate_ms=10)
+def hold_exports_worker(ctx) -> None:
+    """Occupies an exports worker until the file named by FAIRSHARE_TEST_GATE exists, or for at
+    most the ref's milliseconds."""
+    gate = os.environ.get("FAIRSHARE_TEST_GATE", "")
+    end = time.monotonic() + _ms(ctx) / 1000
+    while time.monotonic() < end and not (gate and os.path.exists(gate)):
+        time.sleep(0.05)
+
+
+@job("tests.drop_connection", cpu_estimate_ms=10)
+def drop_connection(ctx) -> None:
+    """Fails the way a dropped database connection fails: its server process is terminated."""
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT pg_terminate_backend(pg_backend_pid())")

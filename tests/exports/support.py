@@ -1,0 +1,118 @@
+"""Helpers shared by the crash and retry tests: report data, and what a user would see."""
+import csv
+import datetime as dt
+import hashlib
+import io
+import json
+from pathlib import Path
+
+import pytest
+from django.db import connection
+from django.utils import timezone
+
+from exports.models import ExportRecord, ExportStatus
+from exports.services import BUILD_JOB
+from scheduling.models import Outcome, TaskRun
+from tests.conftest import wait_for
+
+# Every test exports March 2026 of the account "acme".
+RANGE = {"start": dt.date(2026, 3, 1), "end": dt.date(2026, 3, 31)}
+
+
+def add_events(account, count: int) -> None:
+    """`count` activity rows for the account, one a second from 1 March 2026 (a bulk insert)."""
+    with connection.cursor() as cursor:
+        cursor.execute(
+            """
+            INSERT INTO exports_activityevent (account_id, occurred_at, actor_email, event_type, amount, description)
+            SELECT %s, timestamptz '2026-03-01 00:00:00+00' + g * interval '1 second',
+                   'actor' || g || '@example.com', 'invoice.paid', (g %% 100000) / 100.0,
+                   'row ' || g || ', "quoted", =formula'
+            FROM generate_series(1, %s) AS g
+            """,
+            [account.pk, count],
+        )
+
+
+def object_key(record: ExportRecord) -> str:
+    return f"exports/{record.account_id}/{record.pk}.csv"
+
+
+def stored_files(root: Path) -> list[str]:
+    """Every file under the export root, as sorted relative paths."""
+    return sorted(p.relative_to(root).as_posix() for p in root.rglob("*") if p.is_file())
+
+
+def file_ids(root: Path, names: list[str]) -> dict[str, tuple[int, int]]:
+    """(inode, mtime ns) of each file: unchanged means nobody wrote it again."""
+    return {n: ((root / n).stat().st_ino, (root / n).stat().st_mtime_ns) for n in names}
+
+
+def notifications(mail_dir: Path, record: ExportRecord) -> int:
+    """How many "your export is ready" messages about this export were sent."""
+    needle = f"Export {record.pk} (".encode()
+    return sum(p.read_bytes().count(needle) for p in mail_dir.iterdir() if p.is_file())
+
+
+def runs(record: ExportRecord) -> list[str]:
+    """Outcomes of the export job's runs, oldest first."""
+    return list(TaskRun.objects.filter(job=BUILD_JOB, ref=str(record.pk)).order_by("started_at", "id")
+                .values_list("outcome", flat=True))
+
+
+def attempts(record: ExportRecord) -> list[str]:
+    return list(record.attempts.order_by("number").values_list("outcome", flat=True))
+
+
+def wait_logged(cluster, predicate, *, timeout: float, message: str):
+    """`wait_for`, failing with the worker's log as it is when the wait fails."""
+    try:
+        return wait_for(predicate, timeout=timeout, message=message)
+    except pytest.fail.Exception as failure:
+        pytest.fail(f"{failure}\nworker log (end):\n{cluster.log()[-8000:]}")
+
+
+def wait_finished(record: ExportRecord, cluster, *, timeout: float = 60) -> ExportRecord:
+    def finished():
+        record.refresh_from_db()
+        return record.is_finished
+
+    wait_logged(cluster, finished, timeout=timeout, message=f"export {record.pk} to finish")
+    return record
+
+
+def wait_runs_settled(record: ExportRecord, cluster, *, timeout: float = 30) -> list[str]:
+    """Wait until no run of this export is still going; returns the runs' outcomes."""
+    def settled():
+        outcomes = runs(record)
+        return outcomes if Outcome.RUNNING not in outcomes else None
+
+    return wait_logged(cluster, settled, timeout=timeout, message=f"runs of {record.pk} to settle")
+
+
+def lease_expired(record: ExportRecord) -> bool:
+    return ExportRecord.objects.filter(
+        pk=record.pk, status=ExportStatus.RUNNING, lease_expires_at__lt=timezone.now(),
+    ).exists()
+
+
+def assert_published_once(record: ExportRecord, root: Path, *, rows: int) -> bytes:
+    """The user-visible result: succeeded with the right rows and checksum, exactly one object
+    under the export's key (plus its manifest), and the file is whole."""
+    record.refresh_from_db()
+    assert record.status == ExportStatus.SUCCEEDED, (record.status, record.error_class, record.error_message)
+    key = object_key(record)
+    assert record.output_key == key
+    assert stored_files(root) == [key, key + ".manifest.json"]
+    body = (root / key).read_bytes()
+    assert record.checksum_sha256 == hashlib.sha256(body).hexdigest()
+    assert record.byte_size == len(body)
+    assert record.row_count == rows
+    lines = list(csv.reader(io.StringIO(body.decode())))
+    assert lines[0] == ["occurred_at", "actor_email", "event_type", "amount", "description"]
+    assert len(lines) == rows + 1
+    assert [line[1] for line in lines[1:]] == [f"actor{i}@example.com" for i in range(1, rows + 1)]
+    manifest = json.loads((root / (key + ".manifest.json")).read_text())
+    assert manifest == {"export_id": str(record.pk), "sha256": record.checksum_sha256, "rows": rows,
+                        "byte_size": len(body)}
+    return body

@@ -1,0 +1,43 @@
+"""Storage backends for the test suite, chosen in a worker by FAIRSHARE_EXPORTS_STORAGE_BACKEND."""
+import errno
+import fcntl
+import os
+
+from django.core.files.storage import FileSystemStorage
+
+# A file holding how many more saves should fail; shared by every worker process of a test.
+FAILURES_ENV = "FLAKY_STORAGE_FAILURES_FILE"
+# Stands in for a credential a storage client might quote in its error text.
+LEAKY_SECRET = "s3cr3t-storage-password"
+
+
+class FlakyStorage(FileSystemStorage):
+    """Local storage whose saves fail with a connection error while its failure counter is
+    positive, the way an unreachable object store fails. Each failure decrements the counter.
+
+    The error text quotes the file's path and an endpoint with credentials, as storage clients
+    do: what Fairshare stores about the failure must not."""
+
+    def _save(self, name, content):
+        if self._take_failure():
+            raise ConnectionResetError(
+                errno.ECONNRESET,
+                f"Connection reset by peer (endpoint https://exports:{LEAKY_SECRET}@storage.internal:9000)",
+                self.path(name),
+            )
+        return super()._save(name, content)
+
+    @staticmethod
+    def _take_failure() -> bool:
+        path = os.environ.get(FAILURES_ENV)
+        if not path:
+            return False
+        with open(path, "r+") as f:
+            fcntl.flock(f, fcntl.LOCK_EX)
+            left = int(f.read().strip() or 0)
+            if left <= 0:
+                return False
+            f.seek(0)
+            f.truncate()
+            f.write(str(left - 1))
+            return True
