@@ -142,7 +142,11 @@ STORAGES = {
 # seconds even while it is still running (see docs/architecture.md).
 TASK_TIMEOUT_S = env_int("FAIRSHARE_TASK_TIMEOUT", 300)
 EXPORT_TIMEOUT_S = env_int("FAIRSHARE_EXPORT_TIMEOUT", 1800)
-_broker = {"redis": os.environ["REDIS_URL"]} if os.environ.get("REDIS_URL") else {"orm": "default"}
+_broker = (
+    {"redis": os.environ["REDIS_URL"]} if os.environ.get("REDIS_URL")
+    # django-q2's ORM broker, first in first out (see scheduling/broker.py).
+    else {"orm": "default", "broker_class": "scheduling.broker.FifoORM"}
+)
 Q_CLUSTER = {
     "name": "default",
     "workers": env_int("FAIRSHARE_WORKERS", 2),

@@ -6,7 +6,7 @@
 """
 import logging
 
-from django.db import close_old_connections
+from django.db import close_old_connections, connections
 
 from scheduling import envelope as contract
 from scheduling import services
@@ -14,6 +14,21 @@ from scheduling.models import Outcome
 from scheduling.registry import get_job
 
 logger = logging.getLogger("fairshare.tasks")
+
+
+def _close_broken_connections() -> None:
+    """Close this thread's connections that died or were left unusable during the run.
+
+    Not `close_old_connections()`: with CONN_MAX_AGE = 0 (our default) that closes every
+    connection, healthy or not, so recording the outcome paid for a new database connection on
+    every run. A connection that fails a liveness check, or was left outside autocommit, is
+    closed just the same, and the next query opens a fresh one.
+    """
+    for conn in connections.all(initialized_only=True):
+        if conn.connection is None or conn.in_atomic_block:
+            continue
+        if conn.get_autocommit() != conn.settings_dict["AUTOCOMMIT"] or not conn.is_usable():
+            conn.close()
 
 
 class ContractMiddleware:
@@ -65,7 +80,7 @@ class RunRecordingMiddleware:
 
     def _finish(self, ctx, error: BaseException | None) -> None:
         outcome = Outcome.FAILED if error is not None else (ctx.outcome or Outcome.SUCCEEDED)
-        close_old_connections()
+        _close_broken_connections()
         services.task_run_finish(run=ctx.run, outcome=outcome, meter=ctx.meter, items=ctx.items, error=error)
         logger.info(
             "task finished",
