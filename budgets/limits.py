@@ -40,10 +40,6 @@ class UnlimitedBudget(RunBudget):
         pass
 
 
-def _raise_budget_exhausted(signum, frame):
-    raise BudgetExhausted("daily CPU budget exhausted (RLIMIT_CPU)")
-
-
 @contextmanager
 def cpu_limit(allowance_ms: int):
     """An OS backstop for jobs that never check their budget: SIGXCPU once the process has spent
@@ -57,7 +53,18 @@ def cpu_limit(allowance_ms: int):
     limit = math.ceil(usage.ru_utime + usage.ru_stime + max(allowance_ms, 1) / 1000)
     if hard != resource.RLIM_INFINITY:
         limit = min(limit, hard)
-    previous = signal.signal(signal.SIGXCPU, _raise_budget_exhausted)
+    deadline = time.process_time() + max(allowance_ms, 1) / 1000
+
+    def on_sigxcpu(signum, frame):
+        # The kernel checks RLIMIT_CPU against its own tick-sampled CPU time, which can run ahead
+        # of the process's real CPU time (by a quarter of a second and more on a VM with steal
+        # time). Stopping then would hold the job until tomorrow with budget left over. The
+        # kernel raised the soft limit by a second when it signalled, so it asks again later.
+        if time.process_time() < deadline:
+            return
+        raise BudgetExhausted("daily CPU budget exhausted (RLIMIT_CPU)")
+
+    previous = signal.signal(signal.SIGXCPU, on_sigxcpu)
     resource.setrlimit(resource.RLIMIT_CPU, (limit, hard))
     try:
         yield

@@ -77,8 +77,8 @@ class Meter:
         self.peak_rss_kb = peak_rss_kb()
 
     def _time_query(self, execute, sql, params, many, context):
-        # Not after stop(): settlement runs inside measure() but after the figures are fixed, and
-        # its own queries must not make the TaskRun disagree with what the ledger was charged.
+        # Once stopped, the figures are final: settlement's own queries (which still run inside
+        # `measure()`) must not make the TaskRun record more than the ledger was charged.
         if self._in_read or self._stopped:
             return execute(sql, params, many, context)
         t0 = time.perf_counter()
@@ -93,7 +93,8 @@ class Meter:
         try:
             yield
         finally:
-            self.storage_wait_ms += (time.perf_counter() - t0) * 1000
+            if not self._stopped:
+                self.storage_wait_ms += (time.perf_counter() - t0) * 1000
 
     def db_reads(self, chunks: Iterable[T]) -> Iterator[T]:
         """Yield from a streaming read (COPY, server-side cursor), counting the time blocked in it.
@@ -116,4 +117,5 @@ class Meter:
                     waited += clock() - t0
                 yield item
         finally:
-            self.db_wait_ms += waited * 1000
+            if not self._stopped:
+                self.db_wait_ms += waited * 1000

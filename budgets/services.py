@@ -92,6 +92,11 @@ def admit(*, envelope: Envelope, queue: str, estimate_ms: int, task_run_id: int 
             task_run_id=task_run_id, worker=worker, cpu_reserved_ms=reserve_ms,
             lease_expires_at=timezone.now() + dt.timedelta(seconds=settings.FAIRSHARE["RESERVATION_LEASE_S"]),
         )
+        if task_run_id is not None:
+            # An admitted run is recorded from the moment it holds its slot (taken under the budget
+            # lock, so after the settlement that freed the slot committed): the recorded runs of an
+            # account never overlap more than its concurrency cap allows.
+            TaskRun.objects.filter(pk=task_run_id).update(started_at=timezone.now())
     return Admission(reservation.pk, allowance_ms=remaining_ms)
 
 
@@ -139,6 +144,10 @@ def settle(
         if reservation is None:
             return False
         was_active = reservation.status == ReservationStatus.ACTIVE
+        if reservation.task_run_id:
+            # ...and until it gives the slot back: before this transaction commits, so before
+            # any run that takes the slot next is recorded as started.
+            TaskRun.objects.filter(pk=reservation.task_run_id).update(finished_at=timezone.now())
         UsageDay.objects.filter(account_id=account_id, queue=queue, day=reservation.day).update(
             # A reclaimed run was already charged what it had reported; charge the rest.
             cpu_used_ms=F("cpu_used_ms") + max(0, meter.cpu_ms - reservation.cpu_charged_ms),

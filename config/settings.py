@@ -146,7 +146,11 @@ EXPORT_TIMEOUT_S = env_int("FAIRSHARE_EXPORT_TIMEOUT", 1800)
 EXPORT_RETRY_S = env_int("FAIRSHARE_EXPORT_RETRY", EXPORT_TIMEOUT_S + 60)
 if EXPORT_RETRY_S <= EXPORT_TIMEOUT_S:
     raise ImproperlyConfigured("FAIRSHARE_EXPORT_RETRY must be larger than FAIRSHARE_EXPORT_TIMEOUT.")
-_broker = {"redis": os.environ["REDIS_URL"]} if os.environ.get("REDIS_URL") else {"orm": "default"}
+_broker = (
+    {"redis": os.environ["REDIS_URL"]} if os.environ.get("REDIS_URL")
+    # django-q2's ORM broker, first in first out (see scheduling/broker.py).
+    else {"orm": "default", "broker_class": "scheduling.broker.FifoORM"}
+)
 Q_CLUSTER = {
     "name": "default",
     "workers": env_int("FAIRSHARE_WORKERS", 2),

@@ -74,16 +74,24 @@ def enqueue_on_commit(*, job: str, account: int | None, ref: str) -> None:
 
 
 def close_old_connections() -> None:
-    """Django's `close_old_connections()`, except for a connection inside a caller's transaction.
+    """Close this thread's connections that died or were left unusable; keep healthy ones.
 
-    In a worker every run starts outside any transaction, and dropping a dead or obsolete
-    connection is what we want. A run made in-process (django-q2 `sync` mode, a test, an on-commit
-    callback run inside an outer atomic block) must not close the connection under its caller:
-    Django would drop it mid-transaction and the caller's work would be lost.
+    Not Django's `close_old_connections()`: with CONN_MAX_AGE = 0 (our default) that closes every
+    connection, so a worker paid for a new database connection on every task; and inside a
+    caller's transaction (django-q2 `sync` mode, a test, an on-commit callback run inside an outer
+    atomic block) it would close the connection under its caller. A worker between tasks is never
+    inside one, and a connection that saw an error is checked and replaced only if it is dead.
     """
     for conn in connections.all(initialized_only=True):
-        if not conn.in_atomic_block:
-            conn.close_if_unusable_or_obsolete()
+        if conn.connection is None or conn.in_atomic_block:
+            continue
+        if conn.get_autocommit() != conn.settings_dict["AUTOCOMMIT"]:
+            conn.close()
+        elif conn.errors_occurred:
+            if conn.is_usable():
+                conn.errors_occurred = False
+            else:
+                conn.close()
 
 
 def _call_handler(ctx: TaskContext) -> None:

@@ -5,8 +5,7 @@ import socket
 
 from django.db import transaction
 from django.db.models import Count, F, Sum
-from django.db.models.functions import TruncDate
-from django.db.models.functions import Now
+from django.db.models.functions import Coalesce, Now, TruncDate
 from django.utils import timezone
 
 from budgets import clock
@@ -35,7 +34,8 @@ def task_run_finish(
 ) -> None:
     error_class, error_message = describe_error(error) if error is not None else ("", "")
     TaskRun.objects.filter(pk=run.pk).update(
-        outcome=outcome, finished_at=Now(), cpu_ms=meter.cpu_ms, wall_ms=meter.wall_ms,
+        # Settlement already recorded when an admitted run gave its slot back; keep that.
+        outcome=outcome, finished_at=Coalesce("finished_at", Now()), cpu_ms=meter.cpu_ms, wall_ms=meter.wall_ms,
         db_wait_ms=round(meter.db_wait_ms), storage_wait_ms=round(meter.storage_wait_ms),
         items=items, peak_rss_kb=meter.peak_rss_kb,
         error_class=error_class, error_message=error_message,

@@ -1,0 +1,401 @@
+#!/usr/bin/env python
+"""What Fairshare's task chain costs against bare django-q2, on PostgreSQL with the ORM broker.
+
+    .venv/bin/python bench/budget_overhead.py            # 2,000 tasks per path, 3 rounds
+    .venv/bin/python bench/budget_overhead.py --quick    # 300 tasks per path, 2 rounds
+    .venv/bin/python bench/budget_overhead.py --tasks 5000 --rounds 5 --workers 2
+
+Two paths through the same real `manage.py qcluster` (2 workers, ORM broker, the benchmark's own
+database), in the same run, alternating which goes first in each round:
+
+- bare:  `async_task("bench.noop.noop", <an envelope-sized dict>)` N times;
+- chain: `scheduling.runtime.enqueue(job="tests.noop", ...)` N times for one account whose budget
+  cannot run out (cpu_seconds_per_day 10^9, max_concurrent 8 >= workers): the enqueue-time
+  admission check, then in the worker the whole middleware chain (contract, TaskRun recording and
+  metering, admission, heartbeat thread, RLIMIT_CPU, settlement) around a handler that does nothing.
+
+Each path is timed from its first enqueue until the broker holds none of its messages any more
+(django-q2's monitor deletes the OrmQ row when it acknowledges a finished task; polled every 10 ms).
+The same end point serves both paths, so nothing is added to the bare function. For the chain the
+last TaskRun's finished_at is reported too. tasks/s = N / that time; the ratio is chain / bare.
+
+Before the cluster starts, the same account's admission and settlement are timed in this process
+(`budgets.services.admit` then `settle`, --iterations times), with the enqueue-time check
+(`hold_at_enqueue`), the whole chain (`scheduling.runtime.execute`) and a new database connection
+for comparison, and the SQL statements and connections one chain run makes.
+
+Goal printed: chain / bare tasks/s >= 0.9. Results: a table on stdout, JSON in bench/results/.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from bench import harness as h  # noqa: E402
+
+GOAL_RATIO = 0.9
+DEFAULT_DB_NAME = "fairshare_bench_budget"
+ACCOUNT_SLUG = "bench-overhead"
+QUEUE = "default"
+BARE_FUNC = "bench.noop.noop"
+CHAIN_JOB = "tests.noop"
+DRAIN_TIMEOUT_S = 900
+
+
+# --- Set-up -------------------------------------------------------------------------------------
+
+def setup_account(workers: int) -> int:
+    from budgets.models import Account, Budget, Plan
+
+    account, _ = Account.objects.get_or_create(slug=ACCOUNT_SLUG, defaults={"name": "Benchmark", "plan": Plan.ENTERPRISE})
+    Budget.objects.update_or_create(
+        account=account, queue=QUEUE,
+        defaults={"cpu_seconds_per_day": 10**9, "max_concurrent": max(8, workers)},
+    )
+    return account.pk
+
+
+def envelope_message(account_id: int, ref: str) -> dict:
+    return {"v": 1, "job": CHAIN_JOB, "account": account_id, "ref": ref}
+
+
+# --- In-process: admission, settlement, the chain -----------------------------------------------
+
+def measure_in_process(account_id: int, iterations: int) -> dict:
+    from django.db import close_old_connections, connection
+    from django.db.backends.signals import connection_created
+    from django.test.utils import CaptureQueriesContext
+
+    from budgets.metering import Meter
+    from budgets.services import admit, hold_at_enqueue, settle
+    from scheduling.envelope import Envelope
+    from scheduling.runtime import execute
+
+    def stopped_meter() -> Meter:
+        m = Meter(cpu_ms=1, wall_ms=1)
+        m._stopped = True
+        return m
+
+    warmup = min(20, iterations)
+    admit_ms, settle_ms, both_ms, hold_ms, chain_ms, connect_ms = [], [], [], [], [], []
+    for i in range(warmup + iterations):
+        envelope = Envelope(job=CHAIN_JOB, account=account_id, ref=f"inproc-{i}")
+        t0 = time.perf_counter()
+        a = admit(envelope=envelope, queue=QUEUE, estimate_ms=10, task_run_id=None, worker="bench")
+        t1 = time.perf_counter()
+        assert a.admitted, a
+        settle(reservation_id=a.reservation_id, account_id=account_id, queue=QUEUE, meter=stopped_meter())
+        t2 = time.perf_counter()
+        held = hold_at_enqueue(envelope=envelope, queue=QUEUE)
+        t3 = time.perf_counter()
+        assert not held
+        if i >= warmup:
+            admit_ms.append((t1 - t0) * 1000)
+            settle_ms.append((t2 - t1) * 1000)
+            both_ms.append((t2 - t0) * 1000)
+            hold_ms.append((t3 - t2) * 1000)
+
+    # The whole chain as a worker runs it: django-q2 closes old connections before every task.
+    chain_iterations = min(iterations, 300)
+    for i in range(warmup + chain_iterations):
+        close_old_connections()
+        t0 = time.perf_counter()
+        execute(envelope_message(account_id, f"inproc-chain-{i}"))
+        t1 = time.perf_counter()
+        if i >= warmup:
+            chain_ms.append((t1 - t0) * 1000)
+    for _ in range(50):
+        connection.close()
+        t0 = time.perf_counter()
+        connection.ensure_connection()
+        connect_ms.append((time.perf_counter() - t0) * 1000)
+
+    # How many connections one chain run opens (starting, like in a worker, with none open) ...
+    connects = []
+    counter = lambda sender, connection, **kw: connects.append(1)  # noqa: E731
+    connection_created.connect(counter)
+    try:
+        close_old_connections()
+        execute(envelope_message(account_id, "inproc-connects"))
+    finally:
+        connection_created.disconnect(counter)
+    # ... and what it sends to the database.
+    close_old_connections()
+    with CaptureQueriesContext(connection) as queries:
+        execute(envelope_message(account_id, "inproc-queries"))
+    statements = [q["sql"] for q in queries.captured_queries]
+
+    # Same for admit + settle alone, and the enqueue-time check.
+    envelope = Envelope(job=CHAIN_JOB, account=account_id, ref="inproc-queries-2")
+    with CaptureQueriesContext(connection) as q_admit:
+        a = admit(envelope=envelope, queue=QUEUE, estimate_ms=10, task_run_id=None, worker="bench")
+    with CaptureQueriesContext(connection) as q_settle:
+        settle(reservation_id=a.reservation_id, account_id=account_id, queue=QUEUE, meter=stopped_meter())
+    with CaptureQueriesContext(connection) as q_hold:
+        hold_at_enqueue(envelope=envelope, queue=QUEUE)
+
+    def stats(xs):
+        return {"median_ms": h.median(xs), "p95_ms": h.percentile(xs, 95), "mean_ms": sum(xs) / len(xs), "n": len(xs)}
+
+    return {
+        "admit": stats(admit_ms), "settle": stats(settle_ms), "admit_plus_settle": stats(both_ms),
+        "hold_at_enqueue": stats(hold_ms), "chain_execute": stats(chain_ms), "new_connection": stats(connect_ms),
+        "statements": {
+            "chain_execute": len(statements), "admit": len(q_admit.captured_queries),
+            "settle": len(q_settle.captured_queries), "hold_at_enqueue": len(q_hold.captured_queries),
+        },
+        "connections_per_chain_execute": len(connects),  # the worker starts each task with none open
+        "chain_statement_log": [s[:160] for s in statements],
+    }
+
+
+# --- Through the cluster -----------------------------------------------------------------------
+
+def run_bare(n: int, account_id: int, tag: str, cluster: h.Cluster) -> dict:
+    from django_q.models import Task
+    from django_q.tasks import async_task
+
+    failures_before = Task.objects.filter(success=False).count()
+    t0 = time.perf_counter()
+    for i in range(n):
+        async_task(BARE_FUNC, envelope_message(account_id, f"{tag}-{i}"), task_name=f"bench.noop:{tag}-{i}")
+    t_enq = time.perf_counter()
+    h.wait_until(h.broker_empty, timeout=DRAIN_TIMEOUT_S, what=f"{tag}: broker drained", cluster=cluster)
+    t_end = time.perf_counter()
+    failures = Task.objects.filter(success=False).count() - failures_before
+    if failures:
+        raise RuntimeError(f"{failures} bare tasks failed:\n{cluster.log_tail()}")
+    seconds = t_end - t0
+    return {"tasks": n, "seconds": seconds, "tasks_per_s": n / seconds,
+            "enqueue_s": t_enq - t0, "enqueue_per_s": n / (t_enq - t0)}
+
+
+def run_chain(n: int, account_id: int, tag: str, cluster: h.Cluster) -> dict:
+    from django.db.models import Count
+    from django.utils import timezone
+
+    from scheduling.models import TaskRun
+    from scheduling.runtime import enqueue
+
+    wall0 = timezone.now()
+    t0 = time.perf_counter()
+    held = 0
+    for i in range(n):
+        if enqueue(job=CHAIN_JOB, account=account_id, ref=f"{tag}-{i}") is None:
+            held += 1
+    t_enq = time.perf_counter()
+    h.wait_until(h.broker_empty, timeout=DRAIN_TIMEOUT_S, what=f"{tag}: broker drained", cluster=cluster)
+    t_end = time.perf_counter()
+    runs = TaskRun.objects.filter(job=CHAIN_JOB, ref__startswith=f"{tag}-")
+    outcomes = dict(runs.values_list("outcome").annotate(c=Count("id")).order_by())
+    if held or outcomes.get("succeeded", 0) != n or len(outcomes) != 1:
+        raise RuntimeError(f"{tag}: expected {n} succeeded runs and none held; got {outcomes}, {held} held at enqueue")
+    rows = list(runs.values_list("started_at", "finished_at", "wall_ms", "cpu_ms", "db_wait_ms"))
+    last_finished = max(r[1] for r in rows)
+    in_worker_ms = [(r[1] - r[0]).total_seconds() * 1000 for r in rows]
+    seconds = t_end - t0
+    to_last_run = (last_finished - wall0).total_seconds()
+    return {
+        "tasks": n, "seconds": seconds, "tasks_per_s": n / seconds,
+        "enqueue_s": t_enq - t0, "enqueue_per_s": n / (t_enq - t0),
+        "to_last_taskrun_s": to_last_run, "tasks_per_s_to_last_taskrun": n / to_last_run,
+        "taskrun_start_to_finish_ms": {"median": h.median(in_worker_ms), "p95": h.percentile(in_worker_ms, 95)},
+        "taskrun_wall_ms_median": h.median([r[2] for r in rows]),
+        "taskrun_cpu_ms_median": h.median([r[3] for r in rows]),
+        "taskrun_db_wait_ms_median": h.median([r[4] for r in rows]),
+    }
+
+
+def print_db_activity(rounds: list[dict], tasks: int) -> None:
+    """Backend milliseconds per task, by what the backends were doing (summed over rounds)."""
+    totals: dict[str, dict[str, float]] = {"bare": {}, "chain": {}}
+    statements: dict[str, float] = {}
+    n = {"bare": 0, "chain": 0}
+    for r in rounds:
+        for path in ("bare", "chain"):
+            activity = r[path].get("db_activity")
+            if not activity:
+                continue
+            n[path] += tasks
+            for kind, secs in activity["backend_seconds"].items():
+                totals[path][kind] = totals[path].get(kind, 0) + secs
+            if path == "chain":
+                for stmt, secs in activity["top_statements_backend_seconds"].items():
+                    statements[stmt] = statements.get(stmt, 0) + secs
+    kinds = sorted(set(totals["bare"]) | set(totals["chain"]), key=lambda k: -totals["chain"].get(k, 0))
+    rows = [[k, h.fmt(totals["bare"].get(k, 0) * 1000 / max(n["bare"], 1), ".2f"),
+             h.fmt(totals["chain"].get(k, 0) * 1000 / max(n["chain"], 1), ".2f")] for k in kinds]
+    print(h.render_table(["database backends (sampled every 20 ms)", "bare ms/task", "chain ms/task"], rows, right={1, 2}))
+    print()
+    top = sorted(statements.items(), key=lambda kv: -kv[1])[:10]
+    rows = [[stmt[:130], h.fmt(secs * 1000 / max(n["chain"], 1), ".2f")] for stmt, secs in top]
+    print(h.render_table(["chain: busiest statements (state | query)", "ms/task"], rows, right={1}))
+    print()
+
+
+# --- Main ---------------------------------------------------------------------------------------
+
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--quick", action="store_true", help="smoke run: 300 tasks per path, 2 rounds")
+    p.add_argument("--tasks", type=int, help="tasks per path and round (default 2000; 300 with --quick)")
+    p.add_argument("--rounds", type=int, help="rounds, alternating which path goes first (default 3; 2 with --quick)")
+    p.add_argument("--workers", type=int, default=2)
+    p.add_argument("--poll", type=float, default=0.1, help="FAIRSHARE_POLL of the cluster (seconds)")
+    p.add_argument("--iterations", type=int, default=500, help="in-process admit+settle iterations")
+    p.add_argument("--sample-waits", action="store_true",
+                   help="sample pg_stat_activity every 20 ms during each path (where the database time goes)")
+    p.add_argument("--db-name", default=DEFAULT_DB_NAME)
+    p.add_argument("--fresh", action="store_true", help="drop and recreate the benchmark database first")
+    p.add_argument("--drop", action="store_true", help="drop the benchmark database at the end")
+    p.add_argument("--strict", action="store_true", help="exit 1 when the goal is missed")
+    p.add_argument("--json", type=Path, help="results file (default bench/results/budget_overhead[-quick].json)")
+    args = p.parse_args(argv)
+    args.tasks = args.tasks or (300 if args.quick else 2000)
+    args.rounds = args.rounds or (2 if args.quick else 3)
+    args.json = args.json or h.RESULTS_DIR / ("budget_overhead-quick.json" if args.quick else "budget_overhead.json")
+    return args
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    h.install_cleanup()
+    db_url = h.bench_database_url(args.db_name)
+    h.configure_environment(db_url)
+    h.ensure_database(db_url, fresh=args.fresh)
+    if args.drop:
+        h._cleanups.insert(0, lambda: h.drop_database(db_url))
+    h.migrate()
+    h.setup_django()
+    from django.db import close_old_connections
+
+    info = h.machine_info(db_url)
+    account_id = setup_account(args.workers)
+    h.reset_tables(*h.RUN_TABLES)
+    log = h.log
+    log(f"database {h.redact_url(db_url)}; {args.tasks} tasks per path, {args.rounds} rounds, {args.workers} workers")
+
+    log(f"in-process: admit + settle, hold_at_enqueue x {args.iterations}; chain execute x {min(args.iterations, 300)}")
+    inproc = measure_in_process(account_id, args.iterations)
+    close_old_connections()
+    h.reset_tables(*h.RUN_TABLES)
+
+    tmp = tempfile.TemporaryDirectory(prefix="fairshare-bench-")
+    h._cleanups.append(tmp.cleanup)
+    env = h.cluster_env(workers=args.workers, poll=args.poll, FAIRSHARE_EXPORTS_ROOT=str(Path(tmp.name) / "exports"))
+    log_path = Path(tmp.name) / "qcluster.log"
+    log(f"starting qcluster ({args.workers} workers, poll {args.poll}s); log {log_path}")
+    cluster = h.Cluster(env, log_path)
+    rounds = []
+    try:
+        # Warm-up (not measured): workers forked, modules imported, both paths exercised.
+        run_bare(50, account_id, "warm-bare", cluster)
+        run_chain(50, account_id, "warm-chain", cluster)
+        log(f"cluster ready (pid {cluster.pid})")
+        for r in range(args.rounds):
+            order = ("bare", "chain") if r % 2 == 0 else ("chain", "bare")
+            result = {"order": list(order)}
+            for path in order:
+                time.sleep(1.0)  # let the previous path's tail (logging, recycling) settle
+                run = run_bare if path == "bare" else run_chain
+                if args.sample_waits:
+                    with h.WaitSampler(db_url) as sampler:
+                        result[path] = run(args.tasks, account_id, f"r{r}-{path}", cluster)
+                    result[path]["db_activity"] = sampler.summary()
+                else:
+                    result[path] = run(args.tasks, account_id, f"r{r}-{path}", cluster)
+                log(f"round {r + 1}: {path:5s} {result[path]['tasks_per_s']:7.1f} tasks/s "
+                    f"({result[path]['seconds']:.2f}s; enqueue {result[path]['enqueue_per_s']:.0f}/s)")
+            result["ratio"] = result["chain"]["tasks_per_s"] / result["bare"]["tasks_per_s"]
+            rounds.append(result)
+            h.reset_tables("scheduling.TaskRun")  # same table sizes every round
+    finally:
+        log("stopping qcluster")
+        cluster.stop()
+
+    bare_tps = h.median([r["bare"]["tasks_per_s"] for r in rounds])
+    chain_tps = h.median([r["chain"]["tasks_per_s"] for r in rounds])
+    ratio = chain_tps / bare_tps
+    per_task_overhead_ms = (1 / chain_tps - 1 / bare_tps) * 1000
+    results = {
+        "benchmark": "budget_overhead",
+        "timestamp": h.utc_timestamp(),
+        "parameters": {
+            "tasks": args.tasks, "rounds": args.rounds, "workers": args.workers, "poll_s": args.poll,
+            "quick": args.quick, "iterations": args.iterations, "broker": "orm", "save_limit": -1,
+            "bare": f"async_task({BARE_FUNC!r}, <envelope-sized dict>)",
+            "chain": f"scheduling.runtime.enqueue(job={CHAIN_JOB!r}) for one account "
+                     "(cpu_seconds_per_day 10^9, max_concurrent 8)",
+            "timing": "first enqueue -> broker drained (all OrmQ rows acknowledged), polled every 10 ms; "
+                      "median over rounds",
+        },
+        "machine": info,
+        "summary": {
+            "bare_tasks_per_s": bare_tps, "chain_tasks_per_s": chain_tps, "ratio": ratio,
+            "chain_tasks_per_s_to_last_taskrun": h.median([r["chain"]["tasks_per_s_to_last_taskrun"] for r in rounds]),
+            "per_task_overhead_ms_wall": per_task_overhead_ms,
+            "admit_plus_settle_ms": inproc["admit_plus_settle"],
+        },
+        "rounds": rounds,
+        "in_process": inproc,
+        "goals": {"ratio": {"goal": f"chain / bare tasks/s >= {GOAL_RATIO}", "value": ratio, "pass": ratio >= GOAL_RATIO}},
+    }
+    results["machine"]["loadavg_end"] = list(os.getloadavg())
+
+    rows = []
+    for i, r in enumerate(rounds):
+        for path in r["order"]:
+            x = r[path]
+            rows.append([f"{i + 1}", path, f"{x['tasks']}", h.fmt(x["seconds"], ".2f"), h.fmt(x["tasks_per_s"], ".1f"),
+                         h.fmt(x["enqueue_per_s"], ".0f"),
+                         h.fmt(x.get("taskrun_start_to_finish_ms", {}).get("median"), ".1f")])
+        rows.append(["", "chain/bare", "", "", h.fmt(r["ratio"], ".2f"), "", ""])
+    rows.append(None)
+    rows.append(["med", "bare", "", "", h.fmt(bare_tps, ".1f"), "", ""])
+    rows.append(["med", "chain", "", "", h.fmt(chain_tps, ".1f"), "", ""])
+    rows.append(["med", "chain/bare", "", "", h.fmt(ratio, ".2f"), "", ""])
+    print()
+    print(h.render_table(["round", "path", "tasks", "seconds", "tasks/s", "enqueued/s", "run ms (med)"], rows,
+                         right={0, 2, 3, 4, 5, 6}))
+    print()
+    ip_rows = []
+    for key, label in [("admit", "admit"), ("settle", "settle"), ("admit_plus_settle", "admit + settle"),
+                       ("hold_at_enqueue", "hold_at_enqueue (enqueue-time check)"),
+                       ("chain_execute", "whole chain: execute(tests.noop)"),
+                       ("new_connection", "new DB connection (ensure_connection)")]:
+        s = inproc[key]
+        ip_rows.append([label, h.fmt(s["median_ms"], ".2f"), h.fmt(s["p95_ms"], ".2f"), str(s["n"]),
+                        str(inproc["statements"].get(key, "")) if key in inproc["statements"] else
+                        (str(inproc["statements"]["chain_execute"]) if key == "chain_execute" else "")])
+    print(h.render_table(["in-process, one account", "median ms", "p95 ms", "n", "SQL stmts"], ip_rows,
+                         right={1, 2, 3, 4}))
+    print(f"(one chain run opens {inproc['connections_per_chain_execute']} new database connection(s); "
+          f"CONN_MAX_AGE is 0)")
+    print()
+    if args.sample_waits:
+        print_db_activity(rounds, args.tasks)
+    print(f"per-task wall overhead of the chain through the cluster: {per_task_overhead_ms:.2f} ms "
+          f"(1/chain - 1/bare); admit + settle in-process median "
+          f"{inproc['admit_plus_settle']['median_ms']:.2f} ms, p95 {inproc['admit_plus_settle']['p95_ms']:.2f} ms")
+    g = results["goals"]["ratio"]
+    print(f"{'PASS' if g['pass'] else 'MISS'}  {g['goal']}: {ratio:.2f} "
+          f"(bare {bare_tps:.1f}/s, chain {chain_tps:.1f}/s, median of {args.rounds} rounds)")
+    print(f"load average {info['loadavg_start'][0]:.2f} at start, {results['machine']['loadavg_end'][0]:.2f} at the end")
+
+    args.json.parent.mkdir(parents=True, exist_ok=True)
+    args.json.write_text(json.dumps(results, indent=2, default=str) + "\n")
+    print(f"results: {args.json}")
+    return 1 if args.strict and not g["pass"] else 0
+
+
+if __name__ == "__main__":
+    try:
+        sys.exit(main())
+    finally:
+        h._run_cleanups()

@@ -1,0 +1,397 @@
+"""Shared plumbing for Fairshare's benchmarks (not a benchmark itself).
+
+- each benchmark owns a PostgreSQL database (created and migrated here, never the one DATABASE_URL
+  names): DATABASE_URL's server (default postgres://postgres@127.0.0.1:5432) with the benchmark's
+  database name, or BENCH_DATABASE_URL verbatim;
+- real `manage.py qcluster` processes with the ORM broker in that database, stopped by PID: SIGTERM
+  to the main PID (graceful), then SIGKILL to whatever is left of its session;
+- machine information, percentiles and a plain-text table for the reports.
+"""
+from __future__ import annotations
+
+import atexit
+import contextlib
+import datetime as dt
+import math
+import os
+import platform
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from urllib.parse import urlsplit, urlunsplit
+
+REPO = Path(__file__).resolve().parent.parent
+if str(REPO) not in sys.path:
+    sys.path.insert(0, str(REPO))  # `python bench/x.py` puts bench/ first on sys.path, not the repo
+RESULTS_DIR = REPO / "bench" / "results"
+DEFAULT_SERVER_URL = "postgres://postgres@127.0.0.1:5432/postgres"
+
+
+def log(message: str) -> None:
+    print(f"[bench {time.strftime('%H:%M:%S')}] {message}", file=sys.stderr, flush=True)
+
+
+# --- Database and environment -------------------------------------------------------------------
+
+def bench_database_url(db_name: str) -> str:
+    if os.environ.get("BENCH_DATABASE_URL"):
+        return os.environ["BENCH_DATABASE_URL"]
+    parts = urlsplit(os.environ.get("DATABASE_URL") or DEFAULT_SERVER_URL)
+    if parts.scheme not in {"postgres", "postgresql", "pgsql"}:
+        sys.exit(f"the benchmark needs PostgreSQL; DATABASE_URL has scheme {parts.scheme!r}")
+    return urlunsplit(parts._replace(path="/" + db_name, query=""))
+
+
+def redact_url(url: str) -> str:
+    parts = urlsplit(url)
+    if parts.password:
+        return urlunsplit(parts._replace(netloc=parts.netloc.replace(f":{parts.password}@", ":***@")))
+    return url
+
+
+def configure_environment(db_url: str) -> None:
+    """Settings for this process; clusters get `cluster_env()` on top of them."""
+    os.environ["DATABASE_URL"] = db_url
+    os.environ["DJANGO_SETTINGS_MODULE"] = "config.settings"
+    os.environ.setdefault("SECRET_KEY", "bench-only-not-secret")
+    os.environ["LOG_LEVEL"] = "WARNING"  # this process only; workers log at the production default
+    # The test jobs (tests.noop, tests.sleep) must be registered here too, to enqueue them.
+    os.environ["FAIRSHARE_EXTRA_JOB_MODULES"] = "tests.jobs"
+    os.environ.pop("REDIS_URL", None)  # the ORM broker, in the benchmark's own database
+    os.environ.pop("Q_CLUSTER_NAME", None)
+
+
+def cluster_env(*, workers: int, poll: float, **extra: str) -> dict[str, str]:
+    env = dict(os.environ)
+    env.update(
+        FAIRSHARE_WORKERS=str(workers), FAIRSHARE_POLL=str(poll), FAIRSHARE_EXTRA_JOB_MODULES="tests.jobs",
+        PYTHONUNBUFFERED="1", LOG_LEVEL="INFO",
+    )
+    env.update(extra)
+    return env
+
+
+def setup_django() -> None:
+    import django
+
+    django.setup()
+
+
+def ensure_database(db_url: str, *, fresh: bool = False) -> None:
+    import psycopg
+    from psycopg import sql
+
+    name = urlsplit(db_url).path.lstrip("/")
+    admin_url = urlunsplit(urlsplit(db_url)._replace(path="/postgres"))
+    with psycopg.connect(admin_url, autocommit=True) as admin:
+        exists = admin.execute("SELECT 1 FROM pg_database WHERE datname = %s", (name,)).fetchone() is not None
+        if exists and fresh:
+            log(f"dropping database {name}")
+            admin.execute(sql.SQL("DROP DATABASE {} WITH (FORCE)").format(sql.Identifier(name)))
+            exists = False
+        if not exists:
+            log(f"creating database {name}")
+            admin.execute(sql.SQL("CREATE DATABASE {} ENCODING 'UTF8' TEMPLATE template0").format(sql.Identifier(name)))
+
+
+def drop_database(db_url: str) -> None:
+    import psycopg
+    from psycopg import sql
+
+    name = urlsplit(db_url).path.lstrip("/")
+    with psycopg.connect(urlunsplit(urlsplit(db_url)._replace(path="/postgres")), autocommit=True) as admin:
+        admin.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name)))
+    log(f"dropped database {name}")
+
+
+def migrate() -> None:
+    log("manage.py migrate")
+    subprocess.run([sys.executable, "manage.py", "migrate", "--noinput", "-v", "0"], cwd=REPO,
+                   env=dict(os.environ), check=True, timeout=600)
+
+
+def reset_tables(*labels: str) -> None:
+    """Empty the given models' tables (the database is the benchmark's own)."""
+    from django.apps import apps
+    from django.db import connection
+
+    tables = [apps.get_model(label)._meta.db_table for label in labels]
+    with connection.cursor() as cur:
+        # CASCADE: rows that point at these (export attempts, reservations) go too.
+        cur.execute("TRUNCATE " + ", ".join(connection.ops.quote_name(t) for t in tables) + " CASCADE")
+
+
+RUN_TABLES = ("scheduling.TaskRun", "scheduling.DeferredTask", "budgets.Reservation", "budgets.UsageDay",
+              "django_q.OrmQ", "django_q.Task")
+
+
+# --- Processes ----------------------------------------------------------------------------------
+
+class Cluster:
+    """A real `manage.py qcluster`, stopped by PID (never by name or process group first)."""
+
+    def __init__(self, env: dict[str, str], log_path: Path, queue: str = "default"):
+        if queue != "default":
+            env = {**env, "Q_CLUSTER_NAME": queue}
+        self.log_path = log_path
+        self._log = open(log_path, "wb")
+        self.proc = subprocess.Popen(
+            [sys.executable, "manage.py", "qcluster"], cwd=REPO, env=env,
+            stdout=self._log, stderr=subprocess.STDOUT, start_new_session=True,
+        )
+        _cleanups.append(self.stop)
+
+    @property
+    def pid(self) -> int:
+        return self.proc.pid
+
+    def alive(self) -> bool:
+        return self.proc.poll() is None
+
+    def worker_pids(self) -> list[int]:
+        """The cluster's worker processes (children of its sentinel), from /proc."""
+        session = self.proc.pid
+        pids = []
+        for entry in Path("/proc").iterdir():
+            if not entry.name.isdigit():
+                continue
+            with contextlib.suppress(OSError, ValueError, IndexError):
+                stat = (entry / "stat").read_text()
+                fields = stat[stat.rindex(")") + 2:].split()
+                if int(fields[3]) == session and int(entry.name) != session:  # same session id
+                    cmdline = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+                    pids.append((int(entry.name), cmdline))
+        return pids
+
+    def stop(self, timeout: float = 20) -> None:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)  # graceful: the main PID only
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                self.proc.wait(timeout)
+        # Whatever is left of its session (the workers of a hung cluster) is killed outright.
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            self.proc.wait(5)
+        if not self._log.closed:
+            self._log.close()
+        with contextlib.suppress(ValueError):
+            _cleanups.remove(self.stop)
+
+    def log_tail(self, lines: int = 40) -> str:
+        return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
+
+
+_cleanups: list = []
+
+
+def _run_cleanups() -> None:
+    while _cleanups:
+        with contextlib.suppress(Exception):
+            _cleanups.pop()()
+
+
+def _on_signal(signum, frame):
+    raise SystemExit(128 + signum)  # so that `finally` blocks (and the cluster stops) run
+
+
+def install_cleanup() -> list:
+    signal.signal(signal.SIGTERM, _on_signal)
+    atexit.register(_run_cleanups)
+    return _cleanups
+
+
+def wait_until(predicate, *, timeout: float, interval: float = 0.01, what: str, cluster: Cluster | None = None):
+    deadline = time.perf_counter() + timeout
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if cluster is not None and not cluster.alive():
+            raise RuntimeError(f"the qcluster exited ({cluster.proc.returncode}) while waiting for {what}:\n"
+                               f"{cluster.log_tail()}")
+        if time.perf_counter() > deadline:
+            raise TimeoutError(f"timed out after {timeout:.0f}s waiting for {what}")
+        time.sleep(interval)
+
+
+def broker_empty(key: str = "default") -> bool:
+    """Every message of the queue acknowledged (django-q2's monitor deletes the OrmQ row on ack)."""
+    from django_q.models import OrmQ
+
+    return not OrmQ.objects.filter(key=key).exists()
+
+
+# --- Reporting ----------------------------------------------------------------------------------
+
+def percentile(values, p: float):
+    """Linear interpolation between closest ranks (numpy's default); None for no values."""
+    xs = sorted(v for v in values if v is not None)
+    if not xs:
+        return None
+    k = (len(xs) - 1) * p / 100
+    lo, hi = math.floor(k), math.ceil(k)
+    return xs[lo] + (xs[hi] - xs[lo]) * (k - lo)
+
+
+def median(values):
+    return percentile(values, 50)
+
+
+def fmt(value, spec: str, missing: str = "-") -> str:
+    return missing if value is None else format(value, spec)
+
+
+def render_table(headers: list[str], rows: list[list[str] | None], right: set[int]) -> str:
+    widths = [max(len(h), *(len(r[i]) for r in rows if r)) for i, h in enumerate(headers)]
+
+    def line(cells):
+        return "  ".join(c.rjust(w) if i in right else c.ljust(w) for i, (c, w) in enumerate(zip(cells, widths)))
+
+    out = [line(headers), line(["-" * w for w in widths])]
+    out += ["" if r is None else line(r) for r in rows]
+    return "\n".join(out)
+
+
+def machine_info(db_url: str) -> dict:
+    import django
+    import psycopg
+    from django.db import connection
+
+    with connection.cursor() as cur:
+        cur.execute("SELECT version()")
+        pg_version = cur.fetchone()[0]
+        pg_settings = {}
+        for name in ("shared_buffers", "synchronous_commit", "fsync", "max_connections"):
+            cur.execute(f"SHOW {name}")
+            pg_settings[name] = cur.fetchone()[0]
+    cpu_model = ""
+    with contextlib.suppress(OSError):
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu_model = line.split(":", 1)[1].strip()
+                break
+    mem_total_kb = None
+    with contextlib.suppress(OSError, ValueError, IndexError):
+        mem_total_kb = int(Path("/proc/meminfo").read_text().split("MemTotal:")[1].split()[0])
+    git = lambda *a: subprocess.run(["git", *a], cwd=REPO, capture_output=True, text=True).stdout.strip()  # noqa: E731
+    return {
+        "cpu_count": os.cpu_count(),
+        "cpu_affinity": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None,
+        "cpu_model": cpu_model,
+        "mem_total_mib": round(mem_total_kb / 1024) if mem_total_kb else None,
+        "platform": platform.platform(),
+        "python": platform.python_version(),
+        "django": django.get_version(),
+        "django_q2": _dist_version("django-q2"),
+        "psycopg": psycopg.__version__,
+        "psycopg_impl": psycopg.pq.__impl__,
+        "postgresql": pg_version,
+        "postgresql_settings": pg_settings,
+        "database": redact_url(db_url),
+        "git_branch": git("rev-parse", "--abbrev-ref", "HEAD"),
+        "git_commit": git("rev-parse", "HEAD"),
+        "git_dirty_product_code": git("status", "--porcelain", "--", "budgets", "scheduling", "config").splitlines(),
+        # Identifies the exact product code measured (uncommitted changes included).
+        "product_code_sha256": product_code_digest(),
+        "loadavg_start": list(os.getloadavg()),
+    }
+
+
+def product_code_digest() -> str:
+    """SHA-256 over the Python files of the product apps and config, as they are on disk."""
+    import hashlib
+
+    digest = hashlib.sha256()
+    for app in ("budgets", "scheduling", "exports", "config"):
+        for path in sorted((REPO / app).rglob("*.py")):
+            if "migrations" in path.parts and path.name != "__init__.py":
+                continue
+            digest.update(str(path.relative_to(REPO)).encode() + b"\0" + path.read_bytes())
+    return digest.hexdigest()[:16]
+
+
+def _dist_version(name: str):
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version(name)
+    except PackageNotFoundError:
+        return None
+
+
+def utc_timestamp() -> str:
+    return dt.datetime.now(dt.UTC).isoformat(timespec="seconds")
+
+
+# --- Where the database time goes ----------------------------------------------------------------
+
+class WaitSampler:
+    """Samples pg_stat_activity of one database every `interval` seconds from its own connection.
+
+    Each sample counts what every other backend of the database is doing: running (active, no wait
+    event), waiting for a row lock (Lock:transactionid / Lock:tuple), for the WAL flush of a commit
+    (IO:WALSync / LWLock:WALWrite), idle in a transaction (the client is busy while holding its
+    locks), or idle (between statements / tasks). samples x interval ~ backend-seconds.
+    """
+
+    def __init__(self, db_url: str, interval: float = 0.02):
+        import threading
+
+        self.db_url, self.interval = db_url, interval
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="wait-sampler", daemon=True)
+        self.samples = 0
+        self.states: dict[str, int] = {}
+        self.statements: dict[str, int] = {}
+
+    def __enter__(self):
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc):
+        self._stop.set()
+        self._thread.join()
+
+    @staticmethod
+    def classify(state: str | None, wtype: str | None, wevent: str | None) -> str:
+        if state == "active":
+            if wtype is None:
+                return "active: running"
+            if wtype == "Lock":
+                return f"active: row/table lock wait ({wevent})"
+            if wevent in {"WALSync", "WALWrite", "WALInsert"} or (wtype == "IO" and "WAL" in (wevent or "")):
+                return f"active: WAL flush/write ({wevent})"
+            return f"active: {wtype}:{wevent}"
+        if state == "idle in transaction":
+            return "idle in transaction"
+        return state or "?"
+
+    def _run(self) -> None:
+        import psycopg
+
+        name = urlsplit(self.db_url).path.lstrip("/")
+        with psycopg.connect(self.db_url, autocommit=True) as conn:
+            while not self._stop.wait(self.interval):
+                rows = conn.execute(
+                    "SELECT state, wait_event_type, wait_event, left(regexp_replace(query, '\\s+', ' ', 'g'), 90) "
+                    "FROM pg_stat_activity WHERE datname = %s AND pid <> pg_backend_pid() "
+                    "AND backend_type = 'client backend'", (name,)).fetchall()
+                self.samples += 1
+                for state, wtype, wevent, query in rows:
+                    kind = self.classify(state, wtype, wevent)
+                    self.states[kind] = self.states.get(kind, 0) + 1
+                    if kind.startswith("active") or kind == "idle in transaction":
+                        key = f"{kind} | {query}"
+                        self.statements[key] = self.statements.get(key, 0) + 1
+
+    def summary(self, top: int = 12) -> dict:
+        s = self.interval
+        return {
+            "interval_s": s, "samples": self.samples,
+            "backend_seconds": {k: round(v * s, 2) for k, v in sorted(self.states.items(), key=lambda kv: -kv[1])},
+            "top_statements_backend_seconds": {
+                k: round(v * s, 2) for k, v in sorted(self.statements.items(), key=lambda kv: -kv[1])[:top]},
+        }
