@@ -137,22 +137,33 @@ def _copy_statement(source: ExportSource, queryset) -> tuple[str, tuple]:
 def _stream_copy(source, queryset, pg, writer, meter, on_batch, batch_rows) -> int:
     sql, params = _copy_statement(source, queryset)
     rows = 0
-    pending = bytearray()
     with pg.cursor() as cur, cur.copy(sql, params) as copy:
-        # In COPY TO, PostgreSQL sends one CopyData message per row and psycopg yields one
-        # message per iteration: counting iterations counts rows, even with newlines in cells.
-        for data in meter.db_reads(copy):
-            pending += data
-            rows += 1
-            if len(pending) >= FLUSH_BYTES:
-                writer.write(pending)
-                pending.clear()
+        # Metered per chunk, not per row: at a million rows a per-row wrapper costs as much CPU
+        # as psycopg's own read (bench/export_throughput.py).
+        for chunk, rows in meter.db_reads(_copy_chunks(copy, batch_rows)):
+            writer.write(chunk)
             if rows % batch_rows == 0:
-                writer.write(pending)
-                pending.clear()
                 on_batch(rows)
-    writer.write(pending)
     return rows
+
+
+def _copy_chunks(copy, batch_rows) -> Iterator[tuple[bytearray, int]]:
+    """The COPY output as (chunk, rows so far): a chunk ends at ~FLUSH_BYTES or at a batch's end.
+
+    In COPY TO, PostgreSQL sends one CopyData message per row and psycopg returns one message
+    per read: counting reads counts rows, even with newlines in cells.
+    """
+    read = copy.read
+    rows = 0
+    pending = bytearray()
+    while data := read():
+        pending += data
+        rows += 1
+        if rows % batch_rows == 0 or len(pending) >= FLUSH_BYTES:
+            yield pending, rows
+            pending.clear()  # the caller has written it by the time it asks for more
+    if pending:
+        yield pending, rows
 
 
 def _cursor_batches(queryset, pg, batch_rows) -> Iterator[list[tuple]]:

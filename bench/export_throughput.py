@@ -1,0 +1,892 @@
+#!/usr/bin/env python
+"""Export throughput and worker memory on PostgreSQL, beside PostgreSQL's own COPY.
+
+    .venv/bin/python bench/export_throughput.py                 # 100,000 and 1,000,000 rows
+    .venv/bin/python bench/export_throughput.py --quick         # 20,000 and 100,000 rows (smoke run)
+    .venv/bin/python bench/export_throughput.py --rows 500000 --small 50000 --repeat 5
+
+For each size it measures, `--repeat` times (median reported):
+- the baseline: `psql -c "COPY (<the job's own SELECT>) TO STDOUT (FORMAT csv, FORCE_QUOTE *)"`
+  written to a file, the statement built from `exports.streaming._copy_statement` and the
+  `activity` source's queryset (parameters inlined with psycopg's `ClientCursor.mogrify`), so it
+  cannot drift from what the job runs;
+- a full export through the real job: `exports.services.export_request`, processed by a real
+  `manage.py qcluster` (queue "exports", one worker); enqueue -> succeeded from the export's own
+  timestamps, the in-worker wall time and the worker's peak RSS from its TaskRun;
+- `exports.streaming.stream_csv` for each read strategy ("copy", "cursor", "orm"), each run in a
+  fresh child process writing to a temporary file, without the broker.
+
+It prints a table, checks the goals (job >= 0.8x COPY's throughput at the full size; worker peak
+RSS at the full size <= 1.2x that at the small size) and writes JSON to bench/results/.
+
+The benchmark owns its database (default `fairshare_bench` on the server of DATABASE_URL, or
+BENCH_DATABASE_URL verbatim); it never writes to the database DATABASE_URL names. The data set is
+reused between runs when it is already there (`--fresh` rebuilds it, `--drop` drops the database
+at the end).
+"""
+from __future__ import annotations
+
+import argparse
+import atexit
+import contextlib
+import datetime as dt
+import hashlib
+import json
+import os
+import platform
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+from urllib.parse import urlsplit, urlunsplit
+
+REPO = Path(__file__).resolve().parent.parent
+if str(REPO) not in sys.path:
+    sys.path.insert(0, str(REPO))  # `python bench/export_throughput.py` puts bench/ first, not the repo
+RESULTS_DIR = REPO / "bench" / "results"
+DEFAULT_DB_NAME = "fairshare_bench"
+DEFAULT_SERVER_URL = "postgres://postgres@127.0.0.1:5432/postgres"
+
+# The exported scope: 90 whole UTC days, the span the generated activity is spread over.
+EXPORT_START = dt.date(2026, 1, 1)
+EXPORT_END = dt.date(2026, 3, 31)
+SPAN_SECONDS = 90 * 86400
+DATA_VERSION = 1  # bump when the generated rows change, so old data sets are rebuilt
+NOISE_SHARE = 4  # each size's account gets a neighbour account with 1/NOISE_SHARE as many rows
+
+THROUGHPUT_GOAL = 0.8  # the job's throughput relative to COPY's, at the full size
+RSS_GOAL = 1.2  # worker peak RSS at the full size relative to the small size
+
+STRATEGIES = ("copy", "cursor", "orm")
+
+JOB_TIMEOUT_S = 1800
+PSQL_TIMEOUT_S = 900
+CHILD_TIMEOUT_S = 1800
+CLUSTER_READY_TIMEOUT_S = 120
+
+
+def log(message: str) -> None:
+    print(f"[bench {time.strftime('%H:%M:%S')}] {message}", file=sys.stderr, flush=True)
+
+
+# --- Database URL and environment ---------------------------------------------------------------
+
+def bench_database_url(db_name: str) -> str:
+    """BENCH_DATABASE_URL verbatim, else DATABASE_URL's server with the benchmark's own database."""
+    if os.environ.get("BENCH_DATABASE_URL"):
+        return os.environ["BENCH_DATABASE_URL"]
+    base = os.environ.get("DATABASE_URL") or DEFAULT_SERVER_URL
+    parts = urlsplit(base)
+    if parts.scheme not in {"postgres", "postgresql", "pgsql"}:
+        sys.exit(f"the benchmark needs PostgreSQL; DATABASE_URL has scheme {parts.scheme!r}")
+    return urlunsplit(parts._replace(path="/" + db_name, query=""))
+
+
+def with_database(url: str, name: str) -> str:
+    return urlunsplit(urlsplit(url)._replace(path="/" + name))
+
+
+def redact_url(url: str) -> str:
+    parts = urlsplit(url)
+    if parts.password:
+        netloc = parts.netloc.replace(f":{parts.password}@", ":***@")
+        return urlunsplit(parts._replace(netloc=netloc))
+    return url
+
+
+def configure_environment(db_url: str) -> None:
+    """Settings for this process (and the children that inherit its environment)."""
+    os.environ["DATABASE_URL"] = db_url
+    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "config.settings")
+    os.environ.setdefault("SECRET_KEY", "bench-only-not-secret")
+    os.environ.setdefault("LOG_LEVEL", "WARNING")
+    os.environ.pop("REDIS_URL", None)  # the ORM broker, in the benchmark's own database
+    os.environ.pop("Q_CLUSTER_NAME", None)
+
+
+def setup_django() -> None:
+    import django
+
+    django.setup()
+
+
+# --- Process management ---------------------------------------------------------------------------
+
+class Cluster:
+    """A real `manage.py qcluster` for one queue, stopped by PID (never by name)."""
+
+    def __init__(self, queue: str, env: dict[str, str], log_path: Path):
+        self.queue = queue
+        self.log_path = log_path
+        self._log = open(log_path, "wb")
+        self.proc = subprocess.Popen(
+            [sys.executable, "manage.py", "qcluster"], cwd=REPO, env={**env, "Q_CLUSTER_NAME": queue},
+            stdout=self._log, stderr=subprocess.STDOUT, start_new_session=True,
+        )
+
+    def alive(self) -> bool:
+        return self.proc.poll() is None
+
+    def stop(self, timeout: float = 20) -> None:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)  # graceful: the main PID only
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                self.proc.wait(timeout)
+        # Whatever is left of its session (the workers of a hung cluster) is killed outright.
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            self.proc.wait(5)
+        if not self._log.closed:
+            self._log.close()
+
+    def log_tail(self, lines: int = 40) -> str:
+        text = self.log_path.read_text(errors="replace").splitlines()
+        return "\n".join(text[-lines:])
+
+
+_cleanups: list = []
+
+
+def _run_cleanups() -> None:
+    while _cleanups:
+        with contextlib.suppress(Exception):
+            _cleanups.pop()()
+
+
+def _on_signal(signum, frame):
+    # Turn SIGTERM into an exception so `finally` blocks (and the cluster stop) run.
+    raise SystemExit(128 + signum)
+
+
+def run_with_rusage(cmd: list[str], *, stdout, env: dict[str, str], timeout: float) -> tuple[float, float, bytes]:
+    """Run `cmd`, returning (wall seconds, the child's CPU seconds, stderr). Raises on failure.
+
+    (Not its peak RSS: ru_maxrss of a child forked from this process counts this process's pages
+    from before the exec.)
+    """
+    t0 = time.perf_counter()
+    proc = subprocess.Popen(cmd, stdout=stdout, stderr=subprocess.PIPE, env=env)
+    timer = threading.Timer(timeout, proc.kill)
+    timer.start()
+    try:
+        stderr = proc.stderr.read()
+        _, status, usage = os.wait4(proc.pid, 0)
+    except BaseException:
+        proc.kill()  # interrupted (Ctrl-C, SIGTERM): don't leave it running
+        proc.wait(5)
+        raise
+    finally:
+        timer.cancel()
+    seconds = time.perf_counter() - t0
+    proc.returncode = os.waitstatus_to_exitcode(status)
+    proc.stderr.close()
+    if proc.returncode != 0:
+        raise RuntimeError(f"{cmd[0]} exited with {proc.returncode}: {stderr.decode(errors='replace')[-2000:]}")
+    return seconds, usage.ru_utime + usage.ru_stime, stderr
+
+
+# --- The data set -----------------------------------------------------------------------------------
+
+def ensure_database(db_url: str, *, fresh: bool) -> bool:
+    """Create the benchmark database if needed; returns True when it was (re)created."""
+    import psycopg
+    from psycopg import sql
+
+    name = urlsplit(db_url).path.lstrip("/")
+    with psycopg.connect(with_database(db_url, "postgres"), autocommit=True) as admin:
+        exists = admin.execute("SELECT 1 FROM pg_database WHERE datname = %s", (name,)).fetchone() is not None
+        if exists and fresh:
+            log(f"dropping database {name}")
+            admin.execute(sql.SQL("DROP DATABASE {} WITH (FORCE)").format(sql.Identifier(name)))
+            exists = False
+        if not exists:
+            log(f"creating database {name}")
+            admin.execute(sql.SQL("CREATE DATABASE {} ENCODING 'UTF8' TEMPLATE template0").format(sql.Identifier(name)))
+            return True
+    return False
+
+
+def drop_database(db_url: str) -> None:
+    import psycopg
+    from psycopg import sql
+
+    name = urlsplit(db_url).path.lstrip("/")
+    with psycopg.connect(with_database(db_url, "postgres"), autocommit=True) as admin:
+        admin.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name)))
+    log(f"dropped database {name}")
+
+
+def migrate(env: dict[str, str]) -> None:
+    log("manage.py migrate")
+    subprocess.run(
+        [sys.executable, "manage.py", "migrate", "--noinput", "-v", "0"], cwd=REPO, env=env,
+        check=True, timeout=600,
+    )
+
+
+# One statement per account: `n` rows for the measured account interleaved in time with `m` rows of
+# its neighbour (so the account filter matters and the heap is shared), deterministic (hashint8 of
+# the row number, no random()). Text is realistic: e-mail addresses, dotted event types, amounts
+# with negatives, descriptions with commas, double quotes, newlines, non-ASCII and the formula
+# triggers the export must neutralise (=, +, -, @, tab).
+INSERT_SQL = """
+INSERT INTO exports_activityevent (account_id, occurred_at, actor_email, event_type, amount, description)
+SELECT account_id, occurred_at, actor_email, event_type, amount, description FROM (
+  SELECT
+    g.account_id,
+    TIMESTAMPTZ '{start} 00:00:00+00'
+      + make_interval(secs => ((g.i - 1) + (g.h % 1000) / 1000.0) * ({span}.0 / g.n)) AS occurred_at,
+    CASE WHEN g.h % 50 = 0 THEN '-' ELSE '' END
+      || (ARRAY['ana','bram','chloe','dev','eve','femke','gus','hana','ivo','jun','kees','lotte'])[1 + g.h % 12]
+      || '.' || (ARRAY['devries','jansen','obrien','smith','muller','nakamura','garcia','okafor'])[1 + (g.h / 12) % 8]
+      || (g.h % 997)::text || '@'
+      || (ARRAY['example.com','acme.io','mail.example.org','globex.co.uk'])[1 + (g.h / 96) % 4] AS actor_email,
+    (ARRAY['invoice.paid','invoice.refunded','user.login','user.logout','export.requested',
+           'seat.added','plan.changed','payment.failed'])[1 + (g.h / 384) % 8] AS event_type,
+    round(((g.h / 3072) % 2000001 - 400000) / 100.0, 2) AS amount,
+    CASE (g.h / 7) % 20
+      WHEN 10 THEN 'Refund for order #' || g.i || ', reason: "damaged in transit", ticket ' || (g.h % 9999)
+      WHEN 11 THEN 'Seat added for ' || (ARRAY['Ana','Bram','Chloé'])[1 + g.h % 3] || ' (role: "operator")'
+      WHEN 12 THEN E'\\tindented memo ' || g.i
+      WHEN 13 THEN '=HYPERLINK("http://evil.example/?q=' || g.i || '","click me")'
+      WHEN 14 THEN '+31 20 ' || lpad((g.h % 10000000)::text, 7, '0')
+      WHEN 15 THEN '@team: see the "Q1, budget" sheet'
+      WHEN 16 THEN '-' || (g.h % 500) || ' credits adjusted'
+      WHEN 17 THEN E'Note from support:\\nsecond line, with a comma'
+      WHEN 18 THEN 'Café Zürich — naïve résumé, ' || (g.h % 100) || ' €'
+      WHEN 19 THEN ''
+      ELSE 'Invoice INV-' || lpad(g.i::text, 8, '0') || ' paid via card ending ' || lpad((g.h % 10000)::text, 4, '0')
+    END AS description
+  FROM (
+    SELECT {account}::bigint AS account_id, i, {n}::bigint AS n, abs(hashint8(i * 31 + {account})::bigint) AS h
+    FROM generate_series(1, {n}) AS i
+    UNION ALL
+    SELECT {noise}::bigint, i, {m}::bigint, abs(hashint8(i * 31 + {noise})::bigint)
+    FROM generate_series(1, {m}) AS i
+  ) AS g
+) AS generated
+ORDER BY occurred_at
+"""
+
+
+def account_slug(rows: int) -> str:
+    return f"bench-{rows}"
+
+
+def ensure_dataset(sizes: list[int]) -> dict[int, dict]:
+    """One account per size with exactly that many rows (plus a neighbour); reused when present."""
+    from django.contrib.auth import get_user_model
+    from django.db import connection
+
+    from budgets.models import Account, Membership, Plan, Role
+    from exports.models import ActivityEvent
+
+    user, _ = get_user_model().objects.get_or_create(
+        username="bench", defaults={"is_superuser": True, "is_staff": True, "email": "bench@example.com"},
+    )
+    accounts = {}
+    inserted = False
+    for rows in sizes:
+        marker = f"Benchmark data v{DATA_VERSION}: {rows} rows"
+        account, _ = Account.objects.get_or_create(slug=account_slug(rows), defaults={"name": marker, "plan": Plan.ENTERPRISE})
+        neighbour, _ = Account.objects.get_or_create(
+            slug=f"{account_slug(rows)}-neighbour", defaults={"name": marker, "plan": Plan.ENTERPRISE},
+        )
+        Membership.objects.get_or_create(user=user, account=account, defaults={"role": Role.OWNER})
+        noise = max(1, rows // NOISE_SHARE)
+        have = ActivityEvent.objects.filter(account=account).count()
+        have_noise = ActivityEvent.objects.filter(account=neighbour).count()
+        if (have, have_noise, account.name, neighbour.name) != (rows, noise, marker, marker):
+            log(f"generating {rows:,} activity rows (+{noise:,} for a neighbour account)")
+            t0 = time.perf_counter()
+            with connection.cursor() as cur:
+                cur.execute("DELETE FROM exports_activityevent WHERE account_id IN (%s, %s)", [account.pk, neighbour.pk])
+                cur.execute("SET work_mem = '256MB'")
+                cur.execute("SET synchronous_commit = off")
+                # Only integers are formatted in: no parameters, so `%` stays the modulo operator.
+                cur.execute(INSERT_SQL.format(
+                    start=EXPORT_START.isoformat(), span=SPAN_SECONDS,
+                    account=int(account.pk), n=int(rows), noise=int(neighbour.pk), m=int(noise),
+                ))
+                cur.execute("RESET work_mem")
+                cur.execute("RESET synchronous_commit")
+            Account.objects.filter(pk__in=[account.pk, neighbour.pk]).update(name=marker)
+            log(f"  inserted in {time.perf_counter() - t0:.1f}s")
+            inserted = True
+        accounts[rows] = {"slug": account.slug, "account_id": account.pk, "neighbour_rows": noise}
+    # Django runs in autocommit, so VACUUM (which refuses a transaction block) can go through it.
+    with connection.cursor() as cur:
+        if inserted:
+            # Statistics, hint bits and the visibility map now, so no measured run pays for them; and
+            # a checkpoint, so the flush of the fresh pages does not land inside a measurement.
+            log("VACUUM (ANALYZE) + CHECKPOINT")
+            cur.execute("VACUUM (ANALYZE) exports_activityevent")
+            cur.execute("CHECKPOINT")
+        else:
+            cur.execute("ANALYZE exports_activityevent")
+    return accounts
+
+
+def reset_bench_records() -> None:
+    """Forget exports, runs and queued messages of earlier benchmark runs (the database is ours)."""
+    from django.apps import apps
+
+    # By label, so a model that does not exist (yet) in this version is simply skipped.
+    for label in ("exports.ExportRecord", "scheduling.TaskRun", "scheduling.DeferredTask", "django_q.OrmQ", "django_q.Task"):
+        try:
+            model = apps.get_model(label)
+        except LookupError:
+            continue
+        model.objects.all().delete()
+
+
+# --- The statement the job runs -----------------------------------------------------------------
+
+def export_bounds():
+    from exports.sources import day_bounds
+
+    return day_bounds(EXPORT_START, EXPORT_END)
+
+
+def job_copy_sql(account_id: int) -> str:
+    """The exact COPY statement the job's "copy" strategy sends, with its parameters inlined."""
+    from django.db import connection
+    from psycopg import ClientCursor
+
+    from exports.sources import get_source
+    from exports.streaming import _copy_statement
+
+    source = get_source("activity")
+    since, until = export_bounds()
+    statement, params = _copy_statement(source, source.queryset(account_id=account_id, since=since, until=until))
+    connection.ensure_connection()
+    # Django's own psycopg connection: the same adapters (and so the same literals) as the job.
+    return ClientCursor(connection.connection).mogrify(statement, params)
+
+
+def csv_header_bytes() -> bytes:
+    from exports.sources import get_source
+    from exports.streaming import _line_renderer
+
+    return _line_renderer()([get_source("activity").header])
+
+
+def sha256_of(path: Path, *, prefix: bytes = b"") -> str:
+    digest = hashlib.sha256(prefix)
+    with open(path, "rb") as f:
+        while chunk := f.read(1 << 20):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+# --- Measurements ---------------------------------------------------------------------------------
+
+PSQL_ENV = {"PGTZ": "UTC", "PGCLIENTENCODING": "UTF8"}
+
+
+def measure_psql_copy(db_url: str, copy_sql: str, out_path: Path) -> dict:
+    """psql runs the job's COPY and writes the CSV to a file (like the job writes its temp file)."""
+    cmd = ["psql", "-X", "-q", "-v", "ON_ERROR_STOP=1", "-d", db_url, "-c", copy_sql]
+    with open(out_path, "wb") as out:
+        seconds, cpu_s, _ = run_with_rusage(cmd, stdout=out, env={**os.environ, **PSQL_ENV}, timeout=PSQL_TIMEOUT_S)
+    return {"seconds": seconds, "bytes": out_path.stat().st_size, "cpu_s": cpu_s}
+
+
+def measure_server_only(db_url: str, copy_sql: str, nbytes: int) -> dict | None:
+    """The server alone: the same COPY into the server's /dev/null, no client reading it.
+
+    Needs a superuser or pg_write_server_files; None when not allowed.
+    """
+    statement = copy_sql.replace("TO STDOUT", "TO '/dev/null'", 1)
+    cmd = ["psql", "-X", "-q", "-v", "ON_ERROR_STOP=1", "-d", db_url, "-c", statement]
+    try:
+        seconds, cpu_s, _ = run_with_rusage(cmd, stdout=subprocess.DEVNULL, env={**os.environ, **PSQL_ENV},
+                                            timeout=PSQL_TIMEOUT_S)
+    except RuntimeError as exc:
+        log(f"server-only COPY skipped: {str(exc).strip().splitlines()[-1]}")
+        return None
+    return {"seconds": seconds, "bytes": nbytes, "cpu_s": None}
+
+
+def count_csv_records(path: Path) -> int:
+    """Rows in a CSV file (quoted newlines included), for the baseline's row count."""
+    import csv
+
+    with open(path, newline="", encoding="utf-8") as f:
+        return sum(1 for _ in csv.reader(f))
+
+
+def measure_job(*, cluster: Cluster, slug: str, user, start: dt.date, end: dt.date, export_root: Path) -> dict:
+    from exports.models import ExportRecord, ExportStatus
+    from exports.services import export_request
+    from scheduling.models import TaskRun
+
+    t0 = time.perf_counter()
+    record, _ = export_request(account_slug=slug, user=user, start=start, end=end)
+    deadline = t0 + JOB_TIMEOUT_S
+    while True:
+        status = ExportRecord.objects.filter(pk=record.pk).values_list("status", flat=True).get()
+        if status in (ExportStatus.SUCCEEDED, ExportStatus.FAILED, ExportStatus.CANCELLED):
+            break
+        if not cluster.alive():
+            raise RuntimeError(f"the qcluster exited ({cluster.proc.returncode}):\n{cluster.log_tail()}")
+        if time.perf_counter() > deadline:
+            raise RuntimeError(f"export {record.pk} not finished after {JOB_TIMEOUT_S}s:\n{cluster.log_tail()}")
+        time.sleep(0.02)
+    observed_s = time.perf_counter() - t0
+    record.refresh_from_db()
+    if record.status != ExportStatus.SUCCEEDED:
+        raise RuntimeError(f"export {record.pk} {record.status}: {record.error_class}: {record.error_message}")
+    # The record completes inside the run; the TaskRun is finished (metered) just after it.
+    while True:
+        runs = list(TaskRun.objects.filter(job="exports.build", ref=str(record.pk)).order_by("started_at"))
+        run = next((r for r in reversed(runs) if r.outcome == "succeeded"), None)
+        if run is not None:
+            break
+        if time.perf_counter() > deadline or not cluster.alive():
+            raise RuntimeError(f"no finished TaskRun for export {record.pk}:\n{cluster.log_tail()}")
+        time.sleep(0.02)
+    worker_pid = int(run.worker.rsplit(":", 1)[-1]) if ":" in run.worker else None
+    published = export_root / record.output_key
+    result = {
+        "export_id": str(record.pk),
+        "rows": record.row_count,
+        "bytes": record.byte_size,
+        "sha256": record.checksum_sha256,
+        # enqueue -> succeeded, from the record's own timestamps (created in the request's
+        # transaction; completed by the fenced completion in the worker).
+        "seconds": (record.completed_at - record.created_at).total_seconds(),
+        "queue_wait_s": (record.started_at - record.created_at).total_seconds(),
+        "observed_s": observed_s,  # as seen by this process's 20 ms polling
+        "worker_wall_s": run.wall_ms / 1000,
+        "worker_cpu_s": run.cpu_ms / 1000,
+        "db_wait_s": run.db_wait_ms / 1000,
+        "storage_wait_s": run.storage_wait_ms / 1000,
+        "peak_rss_kb": run.peak_rss_kb,
+        "task_runs": len(runs),
+        "attempts": record.attempt_count,
+        "worker_pid": worker_pid,
+    }
+    if published.exists():
+        published.unlink()  # keep the disk footprint to one file at a time
+    return result
+
+
+def measure_in_process(*, strategy: str, account_id: int, tmp_dir: Path, env: dict[str, str]) -> dict:
+    """stream_csv with one strategy, in a fresh child process (so its peak RSS is its own)."""
+    cmd = [
+        sys.executable, str(Path(__file__).resolve()), "--child-stream", strategy,
+        "--child-account", str(account_id), "--child-tmp", str(tmp_dir),
+    ]
+    done = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, timeout=CHILD_TIMEOUT_S)
+    if done.returncode != 0:
+        raise RuntimeError(f"stream_csv child ({strategy}) failed:\n{done.stderr.decode(errors='replace')[-3000:]}")
+    return json.loads(done.stdout.decode().strip().splitlines()[-1])
+
+
+def child_stream(strategy: str, account_id: int, tmp_dir: Path) -> None:
+    """Child process: one metered stream_csv run into a temporary file; prints JSON."""
+    setup_django()
+    from budgets.metering import Meter
+    from exports.sources import get_source
+    from exports.streaming import stream_csv
+
+    since, until = export_bounds()
+    meter = Meter()
+    with tempfile.TemporaryFile(prefix="fairshare-bench-", dir=tmp_dir) as out, meter.measure():
+        t0 = time.perf_counter()
+        result = stream_csv(
+            source=get_source("activity"), account_id=account_id, since=since, until=until,
+            out=out, meter=meter, strategy=strategy,
+        )
+        out.flush()
+        seconds = time.perf_counter() - t0
+    print(json.dumps({
+        "strategy": strategy, "seconds": seconds, "rows": result.rows, "bytes": result.byte_size,
+        "sha256": result.sha256, "cpu_s": meter.cpu_ms / 1000, "db_wait_s": meter.db_wait_ms / 1000,
+        "peak_rss_kb": meter.peak_rss_kb,
+    }))
+
+
+# --- Reporting --------------------------------------------------------------------------------------
+
+def median(values):
+    values = [v for v in values if v is not None]
+    return statistics.median(values) if values else None
+
+
+def summarise(path_runs: list[dict], *, rows: int, key: str = "seconds") -> dict:
+    seconds = median([r[key] for r in path_runs])
+    nbytes = median([r["bytes"] for r in path_runs])
+    rss = median([r.get("peak_rss_kb") for r in path_runs])
+    return {
+        "seconds": seconds,
+        "rows_per_s": rows / seconds if seconds else None,
+        "mb_per_s": nbytes / seconds / 1e6 if seconds else None,
+        "bytes": nbytes,
+        "peak_rss_kb": rss,
+        "repeats": [r[key] for r in path_runs],
+    }
+
+
+def machine_info(db_url: str) -> dict:
+    import django
+    import django_q
+    import psycopg
+    from django.db import connection
+
+    with connection.cursor() as cur:
+        cur.execute("SELECT version()")
+        pg_version = cur.fetchone()[0]
+        settings = {}
+        for name in ("shared_buffers", "work_mem", "max_parallel_workers_per_gather", "jit"):
+            cur.execute(f"SHOW {name}")
+            settings[name] = cur.fetchone()[0]
+    cpu_model = ""
+    with contextlib.suppress(OSError):
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu_model = line.split(":", 1)[1].strip()
+                break
+    mem_total_kb = None
+    with contextlib.suppress(OSError, ValueError, IndexError):
+        mem_total_kb = int(Path("/proc/meminfo").read_text().split("MemTotal:")[1].split()[0])
+    commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=REPO, capture_output=True, text=True).stdout.strip()
+    dirty = subprocess.run(["git", "status", "--porcelain", "--", "exports", "budgets", "scheduling", "config"],
+                           cwd=REPO, capture_output=True, text=True).stdout.strip()
+    return {
+        "cpu_count": os.cpu_count(),
+        "cpu_affinity": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None,
+        "cpu_model": cpu_model,
+        "mem_total_mib": round(mem_total_kb / 1024) if mem_total_kb else None,
+        "platform": platform.platform(),
+        "python": platform.python_version(),
+        "django": django.get_version(),
+        "django_q2": getattr(django_q, "__version__", None) or _dist_version("django-q2"),
+        "psycopg": psycopg.__version__,
+        "psycopg_impl": psycopg.pq.__impl__,
+        "postgresql": pg_version,
+        "postgresql_settings": settings,
+        "psql": subprocess.run(["psql", "--version"], capture_output=True, text=True).stdout.strip(),
+        "database": redact_url(db_url),
+        "git_commit": commit,
+        "git_dirty_product_code": dirty.splitlines(),
+        "loadavg_start": list(os.getloadavg()),
+    }
+
+
+def _dist_version(name: str):
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version(name)
+    except PackageNotFoundError:
+        return None
+
+
+def wait_for_quiet(max_seconds: float) -> None:
+    limit = 0.5 * (os.cpu_count() or 1)
+    deadline = time.monotonic() + max_seconds
+    while (load := os.getloadavg()[0]) >= limit and time.monotonic() < deadline:
+        log(f"load average {load:.2f} >= {limit:.1f}; waiting for a quieter machine")
+        time.sleep(15)
+
+
+def fmt(value, spec: str, missing: str = "-") -> str:
+    return missing if value is None else format(value, spec)
+
+
+def render_table(results: dict) -> str:
+    headers = ["rows", "path", "seconds", "rows/s", "MB/s", "x COPY", "peak RSS MiB", "client CPU s"]
+    lines = []
+    for size_key, size in results["sizes"].items():
+        base = size["paths"]["psql_copy"]["seconds"]
+        for name, label in PATH_LABELS:
+            path = size["paths"].get(name)
+            if path is None:
+                continue
+            ratio = base / path["seconds"] if base and path["seconds"] else None
+            rss = path.get("peak_rss_kb")
+            lines.append([
+                f"{int(size_key):,}", label, fmt(path["seconds"], ".2f"), fmt(path["rows_per_s"], ",.0f"),
+                fmt(path["mb_per_s"], ".1f"), fmt(ratio, ".2f"), fmt(rss / 1024 if rss else None, ".1f"),
+                fmt(path.get("cpu_s"), ".2f"),
+            ])
+        lines.append(None)
+    widths = [max(len(h), *(len(l[i]) for l in lines if l)) for i, h in enumerate(headers)]
+    right = {0, 2, 3, 4, 5, 6, 7}
+
+    def row(cells):
+        return "  ".join(c.rjust(w) if i in right else c.ljust(w) for i, (c, w) in enumerate(zip(cells, widths)))
+
+    out = [row(headers), row(["-" * w for w in widths])]
+    for l in lines[:-1]:
+        out.append("" if l is None else row(l))
+    return "\n".join(out)
+
+
+PATH_LABELS = [
+    ("psql_copy", "psql COPY -> file (baseline)"),
+    ("server_only", "server COPY -> /dev/null"),
+    ("job", "job: enqueue -> succeeded"),
+    ("job_in_worker", "job: in-worker wall"),
+    ("stream_copy", "stream_csv copy"),
+    ("stream_cursor", "stream_csv cursor"),
+    ("stream_orm", "stream_csv orm"),
+]
+
+
+# --- Main ---------------------------------------------------------------------------------------------
+
+def parse_args(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--rows", type=int, default=1_000_000, help="the full size (default 1,000,000)")
+    parser.add_argument("--small", type=int, default=100_000, help="the small size (default 100,000)")
+    parser.add_argument("--quick", action="store_true", help="smoke run: 20,000 and 100,000 rows, one repeat")
+    parser.add_argument("--repeat", type=int, help="measurements per path and size, median reported (default 3; 1 with --quick)")
+    parser.add_argument("--strategies", default=",".join(STRATEGIES), help="stream_csv strategies to measure in-process ('' for none)")
+    parser.add_argument("--no-job", action="store_true", help="skip the qcluster job measurement")
+    parser.add_argument("--no-server-only", action="store_true",
+                        help="skip the server-only COPY (to the server's /dev/null, needs superuser)")
+    parser.add_argument("--db-name", default=DEFAULT_DB_NAME, help="the benchmark's database on DATABASE_URL's server")
+    parser.add_argument("--fresh", action="store_true", help="drop and rebuild the benchmark database first")
+    parser.add_argument("--drop", action="store_true", help="drop the benchmark database at the end")
+    parser.add_argument("--wait-for-quiet", type=float, default=0, metavar="SECONDS",
+                        help="before measuring, wait up to SECONDS for the 1-minute load average to drop below "
+                             "half the CPU count (for shared machines)")
+    parser.add_argument("--strict", action="store_true", help="exit 1 when a goal is missed (not only on wrong output)")
+    parser.add_argument("--json", type=Path, help="where to write the results (default bench/results/export_throughput[-quick].json)")
+    # Internal: one in-process stream_csv run (used by the benchmark itself).
+    parser.add_argument("--child-stream", choices=STRATEGIES, help=argparse.SUPPRESS)
+    parser.add_argument("--child-account", type=int, help=argparse.SUPPRESS)
+    parser.add_argument("--child-tmp", type=Path, help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    if args.quick:
+        args.small, args.rows = 20_000, 100_000
+    if args.repeat is None:
+        args.repeat = 1 if args.quick else 3
+    if args.repeat < 1:
+        parser.error("--repeat must be at least 1")
+    if not 0 < args.small < args.rows:
+        parser.error("need 0 < --small < --rows")
+    args.strategies = [s for s in args.strategies.split(",") if s]
+    for s in args.strategies:
+        if s not in STRATEGIES:
+            parser.error(f"unknown strategy {s!r}; choose from {STRATEGIES}")
+    if args.json is None:
+        args.json = RESULTS_DIR / ("export_throughput-quick.json" if args.quick else "export_throughput.json")
+    return args
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    if args.child_stream:
+        child_stream(args.child_stream, args.child_account, args.child_tmp)
+        return 0
+
+    signal.signal(signal.SIGTERM, _on_signal)
+    atexit.register(_run_cleanups)
+    db_url = bench_database_url(args.db_name)
+    configure_environment(db_url)
+    env = dict(os.environ)
+    sizes = [args.small, args.rows]
+    log(f"database {redact_url(db_url)}; sizes {sizes[0]:,} and {sizes[1]:,}; {args.repeat} repeats")
+
+    ensure_database(db_url, fresh=args.fresh)
+    migrate(env)  # idempotent, and quick when there is nothing to apply
+    setup_django()
+    from django.contrib.auth import get_user_model
+
+    if args.drop:
+        _cleanups.insert(0, lambda: drop_database(db_url))
+    accounts = ensure_dataset(sizes)
+    reset_bench_records()
+    user = get_user_model().objects.get(username="bench")
+    if args.wait_for_quiet > 0:
+        wait_for_quiet(args.wait_for_quiet)
+    info = machine_info(db_url)
+    header = csv_header_bytes()
+
+    tmp = tempfile.TemporaryDirectory(prefix="fairshare-bench-")
+    _cleanups.append(tmp.cleanup)
+    tmp_dir = Path(tmp.name)
+    export_root = tmp_dir / "exports"
+    export_root.mkdir()
+
+    cluster = None
+    if not args.no_job:
+        cluster_env = {
+            **env, "FAIRSHARE_EXPORTS_ROOT": str(export_root), "FAIRSHARE_EXPORT_WORKERS": "1",
+            "FAIRSHARE_POLL": "0.1", "PYTHONUNBUFFERED": "1", "LOG_LEVEL": "INFO",
+        }
+        log("starting qcluster (queue exports, 1 worker)")
+        cluster = Cluster("exports", cluster_env, tmp_dir / "qcluster-exports.log")
+        _cleanups.append(cluster.stop)
+        # Warm-up and readiness: one small export (one day of the small account), not measured.
+        warm = measure_job(cluster=cluster, slug=accounts[args.small]["slug"], user=user,
+                           start=EXPORT_START, end=EXPORT_START, export_root=export_root)
+        log(f"worker ready (pid {warm['worker_pid']}); warm-up export took {warm['seconds']:.2f}s")
+
+    results = {
+        "benchmark": "export_throughput",
+        "timestamp": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
+        "parameters": {
+            "rows": args.rows, "small": args.small, "quick": args.quick, "repeat": args.repeat,
+            "strategies": args.strategies, "job": not args.no_job, "scope": [EXPORT_START.isoformat(), EXPORT_END.isoformat()],
+            "source": "activity", "batch_rows": None, "poll_s": 0.1, "export_workers": 1,
+            "baseline": "psql -c \"COPY (<job SELECT>) TO STDOUT (FORMAT csv, FORCE_QUOTE *)\" > file in the temp dir",
+            "mb": "10^6 bytes",
+        },
+        "machine": info,
+        "goals": {},
+        "sizes": {},
+    }
+    from django.conf import settings
+
+    results["parameters"]["batch_rows"] = settings.FAIRSHARE["EXPORT_BATCH_ROWS"]
+
+    try:
+        for rows in sizes:
+            acct = accounts[rows]
+            copy_sql = job_copy_sql(acct["account_id"])
+            baseline_file = tmp_dir / f"copy-{rows}.csv"
+            log(f"{rows:,} rows: warm-up COPY")
+            measure_psql_copy(db_url, copy_sql, baseline_file)  # warm the caches; not measured
+            raw: dict[str, list[dict]] = {"psql_copy": [], "server_only": [], "job": []}
+            raw.update({f"stream_{s}": [] for s in args.strategies})
+            server_only = not args.no_server_only
+            for i in range(args.repeat):
+                r = measure_psql_copy(db_url, copy_sql, baseline_file)
+                raw["psql_copy"].append(r)
+                log(f"{rows:,} rows #{i + 1}: psql COPY {r['seconds']:.2f}s (psql CPU {r['cpu_s']:.2f}s)")
+                if server_only:
+                    r = measure_server_only(db_url, copy_sql, raw["psql_copy"][-1]["bytes"])
+                    if r is None:
+                        server_only = False
+                    else:
+                        raw["server_only"].append(r)
+                        log(f"{rows:,} rows #{i + 1}: server-only COPY {r['seconds']:.2f}s")
+                if cluster is not None:
+                    j = measure_job(cluster=cluster, slug=acct["slug"], user=user, start=EXPORT_START,
+                                    end=EXPORT_END, export_root=export_root)
+                    raw["job"].append(j)
+                    log(f"{rows:,} rows #{i + 1}: job {j['seconds']:.2f}s (in worker {j['worker_wall_s']:.2f}s, "
+                        f"peak RSS {j['peak_rss_kb'] / 1024:.1f} MiB)")
+                for s in args.strategies:
+                    c = measure_in_process(strategy=s, account_id=acct["account_id"], tmp_dir=tmp_dir, env=env)
+                    raw[f"stream_{s}"].append(c)
+                    log(f"{rows:,} rows #{i + 1}: stream_csv {s} {c['seconds']:.2f}s")
+
+            # Correctness: every path wrote the same bytes (the baseline plus the header line).
+            baseline_rows = count_csv_records(baseline_file)
+            baseline_sha = sha256_of(baseline_file, prefix=header)
+            baseline_file.unlink()
+            digests = {"psql_copy (with header)": baseline_sha}
+            produced = {name: runs for name, runs in raw.items() if name not in ("psql_copy", "server_only")}
+            for name, runs in produced.items():
+                for k, run in enumerate(runs):
+                    digests[f"{name}#{k + 1}"] = run["sha256"]
+            identical = len(set(digests.values())) == 1
+            if not identical:
+                log(f"WARNING: outputs differ between paths: {digests}")
+            row_counts = {name: sorted({r["rows"] for r in runs}) for name, runs in produced.items()}
+            if any(counts != [rows] for counts in row_counts.values()) or baseline_rows != rows:
+                log(f"WARNING: row counts differ from {rows}: {row_counts}, COPY {baseline_rows}")
+
+            paths = {"psql_copy": summarise(raw["psql_copy"], rows=rows)}
+            paths["psql_copy"]["cpu_s"] = median([r["cpu_s"] for r in raw["psql_copy"]])
+            paths["psql_copy"]["cpu_note"] = "psql client process (user + system)"
+            if raw.get("server_only"):
+                paths["server_only"] = summarise(raw["server_only"], rows=rows)
+            if raw["job"]:
+                paths["job"] = summarise(raw["job"], rows=rows)
+                paths["job"]["cpu_s"] = median([r["worker_cpu_s"] for r in raw["job"]])
+                paths["job"]["queue_wait_s"] = median([r["queue_wait_s"] for r in raw["job"]])
+                paths["job"]["observed_s"] = median([r["observed_s"] for r in raw["job"]])
+                paths["job_in_worker"] = summarise(raw["job"], rows=rows, key="worker_wall_s")
+                paths["job_in_worker"]["cpu_s"] = paths["job"]["cpu_s"]
+                paths["job_in_worker"]["db_wait_s"] = median([r["db_wait_s"] for r in raw["job"]])
+                paths["job_in_worker"]["storage_wait_s"] = median([r["storage_wait_s"] for r in raw["job"]])
+            for s in args.strategies:
+                p = summarise(raw[f"stream_{s}"], rows=rows)
+                p["cpu_s"] = median([r["cpu_s"] for r in raw[f"stream_{s}"]])
+                p["db_wait_s"] = median([r["db_wait_s"] for r in raw[f"stream_{s}"]])
+                paths[f"stream_{s}"] = p
+            base = paths["psql_copy"]["seconds"]
+            for p in paths.values():
+                p["ratio_vs_copy"] = base / p["seconds"] if p["seconds"] else None
+            # Each repeat runs the paths back to back: the ratio within a repeat is less exposed to
+            # load that comes and goes during the run than the ratio of the medians.
+            for name, key in (("job", "seconds"), ("job_in_worker", "worker_wall_s")):
+                if name in paths:
+                    paths[name]["paired_ratio_vs_copy"] = median(
+                        [c["seconds"] / j[key] for c, j in zip(raw["psql_copy"], raw["job"]) if j[key]])
+            results["sizes"][str(rows)] = {
+                "account": acct["slug"], "neighbour_rows": acct["neighbour_rows"], "paths": paths,
+                "outputs_identical": identical, "sha256": digests, "raw": raw,
+            }
+    finally:
+        if cluster is not None:
+            log("stopping qcluster")
+            cluster.stop()
+            _cleanups.remove(cluster.stop)
+
+    results["machine"]["loadavg_end"] = list(os.getloadavg())
+    full, small = results["sizes"][str(args.rows)], results["sizes"][str(args.small)]
+    goals = results["goals"]
+    if "job" in full["paths"]:
+        ratio = full["paths"]["job"]["ratio_vs_copy"]
+        goals["throughput"] = {
+            "goal": f"job (enqueue -> succeeded) >= {THROUGHPUT_GOAL}x psql COPY rows/s at {args.rows:,} rows",
+            "value": ratio, "in_worker_value": full["paths"]["job_in_worker"]["ratio_vs_copy"],
+            "paired_value": full["paths"]["job"]["paired_ratio_vs_copy"],
+            "pass": ratio is not None and ratio >= THROUGHPUT_GOAL,
+        }
+        rss_full, rss_small = full["paths"]["job"]["peak_rss_kb"], small["paths"]["job"]["peak_rss_kb"]
+        rss_ratio = rss_full / rss_small if rss_full and rss_small else None
+        goals["memory"] = {
+            "goal": f"worker peak RSS at {args.rows:,} rows <= {RSS_GOAL}x that at {args.small:,}",
+            "value": rss_ratio, "peak_rss_kb": {str(args.small): rss_small, str(args.rows): rss_full},
+            "pass": rss_ratio is not None and rss_ratio <= RSS_GOAL,
+        }
+    goals["outputs_identical"] = {
+        "goal": "every path wrote byte-identical CSV (COPY output plus the header line)",
+        "pass": all(s["outputs_identical"] for s in results["sizes"].values()),
+    }
+
+    print()
+    print(render_table(results))
+    print()
+    for name, goal in goals.items():
+        value = goal.get("value")
+        extra = f" = {value:.2f}" if isinstance(value, float) else ""
+        if name == "throughput" and goal.get("in_worker_value"):
+            extra += (f" (in-worker {goal['in_worker_value']:.2f}; "
+                      f"median of the per-repeat ratios {goal['paired_value']:.2f})")
+        print(f"{'PASS' if goal['pass'] else 'MISS'}  {goal['goal']}{extra}")
+    load = (info["loadavg_start"][0], results["machine"]["loadavg_end"][0])
+    print(f"\nMB = 10^6 bytes; medians of {args.repeat} runs; client CPU = psql / the worker / the child process; "
+          f"load average {load[0]:.2f} at start, {load[1]:.2f} at the end.")
+    if max(load) > 0.5 * (os.cpu_count() or 1):
+        print(f"WARNING: the machine was busy (load average above half of its {os.cpu_count()} CPUs): the job's "
+              "Python and the PostgreSQL backend compete with other work for the cores, so the ratios are "
+              "pessimistic and noisy. Rerun on a quiet machine for figures to compare.")
+
+    args.json.parent.mkdir(parents=True, exist_ok=True)
+    args.json.write_text(json.dumps(results, indent=2, default=str) + "\n")
+    print(f"results: {args.json}")
+    if not goals["outputs_identical"]["pass"]:
+        return 1
+    return 1 if args.strict and not all(g["pass"] for g in goals.values()) else 0
+
+
+if __name__ == "__main__":
+    try:
+        sys.exit(main())
+    finally:
+        _run_cleanups()
