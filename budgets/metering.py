@@ -5,7 +5,6 @@ CPU is process CPU time (user + system); waits are wall time spent blocked on th
 export storage, measured where the waiting happens.
 """
 import contextlib
-import os
 import time
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field

@@ -52,7 +52,3 @@ def get_job(name: str) -> Job:
         return _jobs[name]
     except KeyError:
         raise UnknownJob(f"unknown job {name!r}") from None
-
-
-def all_jobs() -> list[Job]:
-    return sorted(_jobs.values(), key=lambda j: j.name)
