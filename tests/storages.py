@@ -2,6 +2,7 @@
 import errno
 import fcntl
 import os
+import time
 
 from django.core.files.storage import FileSystemStorage
 
@@ -41,3 +42,20 @@ class FlakyStorage(FileSystemStorage):
             f.truncate()
             f.write(str(left - 1))
             return True
+
+
+# A file whose existence lets saves through; until then every save waits (at most GATE_MAX_S).
+GATE_ENV = "FAIRSHARE_TEST_PUBLISH_GATE"
+GATE_MAX_S = 60
+
+
+class GatedStorage(FileSystemStorage):
+    """Local storage whose saves wait for a gate file: holds an export in its publish step for as
+    long as a test needs, whatever the speed of the machine."""
+
+    def _save(self, name, content):
+        gate = os.environ.get(GATE_ENV, "")
+        deadline = time.monotonic() + GATE_MAX_S
+        while gate and not os.path.exists(gate) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        return super()._save(name, content)

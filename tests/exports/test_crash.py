@@ -20,10 +20,13 @@ from scheduling.envelope import Envelope
 from scheduling.models import DeferredTask, Outcome, TaskRun
 from scheduling.runtime import RUNNER, execute, send
 from tests.conftest import wait_for
+from tests.storages import GATE_ENV
 from tests.exports.support import (
     RANGE, add_events, assert_published_once, attempts, file_ids, lease_expired, notifications,
     object_key, runs, stored_files, wait_finished, wait_logged, wait_runs_settled,
 )
+
+GATED_STORAGE = "tests.storages.GatedStorage"
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.processes]
 
@@ -150,8 +153,13 @@ def test_broker_redelivering_while_the_first_run_is_still_going_changes_nothing(
     Account.objects.filter(pk__in=[account.pk, other_account.pk]).update(plan="enterprise")
     rows = 20_000  # some seconds at 50 rows a batch, well within the timeout
     add_events(account, rows)
+    publish_gate = tmp_path / "let-publish-go"
+    # The export waits in its publish step until the test lets it go, so the redelivery lands
+    # mid-run on any machine; its lease outlasts that wait, so the redelivery finds it alive.
     cluster = start_exports(FAIRSHARE_EXPORT_WORKERS="2", FAIRSHARE_EXPORT_TIMEOUT=str(timeout_s),
-                            FAIRSHARE_EXPORT_RETRY=str(retry_s), FAIRSHARE_TEST_GATE=str(gate))
+                            FAIRSHARE_EXPORT_RETRY=str(retry_s), FAIRSHARE_TEST_GATE=str(gate),
+                            FAIRSHARE_EXPORT_LEASE="30", FAIRSHARE_EXPORTS_STORAGE_BACKEND=GATED_STORAGE,
+                            **{GATE_ENV: str(publish_gate)})
     for n in range(2):  # another account's work occupies both workers until the gate opens
         envelope = Envelope(job="tests.hold_exports_worker", account=other_account.pk, ref=f"60000/{n}")
         async_task(RUNNER, envelope.to_message(), cluster="exports", timeout=90)
@@ -170,9 +178,12 @@ def test_broker_redelivering_while_the_first_run_is_still_going_changes_nothing(
              message="shortly before the redelivery")
     assert runs(record) == []
     gate.touch()  # the workers are free: the export starts, one worker stays idle
+    wait_logged(cluster, lambda: Outcome.SKIPPED in runs(record), timeout=30,
+                message="a second delivery, skipped while the first run holds the lease")
+    publish_gate.touch()
     wait_finished(record, cluster, timeout=90)
     wait_logged(cluster, lambda: sorted(runs(record)) == [Outcome.SKIPPED, Outcome.SUCCEEDED], timeout=30,
-                message="a second delivery, skipped")
+                message="the first run to finish")
 
     built = TaskRun.objects.get(ref=str(record.pk), outcome=Outcome.SUCCEEDED)
     again = TaskRun.objects.get(ref=str(record.pk), outcome=Outcome.SKIPPED)
@@ -245,7 +256,11 @@ def test_sigterm_mid_export_never_marks_a_partial_object_complete(
     worker finishes it."""
     rows = 20_000
     add_events(account, rows)
-    cluster = start_exports()
+    # Killed variant: the export waits in its publish step (a gate never opened), so the stop
+    # timeout always runs out mid-export, however fast the machine.
+    held = {} if stop == "graceful" else {
+        "FAIRSHARE_EXPORTS_STORAGE_BACKEND": GATED_STORAGE, GATE_ENV: str(export_root.parent / "never-opened")}
+    cluster = start_exports(**held)
     record, _ = export_request(account_slug="acme", user=owner, **RANGE)
     wait_logged(cluster, _streaming(record), timeout=60, message="the export to stream")
 
