@@ -29,7 +29,6 @@ Goal printed: chain / bare tasks/s >= 0.9. Results: a table on stdout, JSON in b
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 import tempfile
@@ -388,9 +387,7 @@ def main(argv=None) -> int:
           f"(bare {bare_tps:.1f}/s, chain {chain_tps:.1f}/s, median of {args.rounds} rounds)")
     print(f"load average {info['loadavg_start'][0]:.2f} at start, {results['machine']['loadavg_end'][0]:.2f} at the end")
 
-    args.json.parent.mkdir(parents=True, exist_ok=True)
-    args.json.write_text(json.dumps(results, indent=2, default=str) + "\n")
-    print(f"results: {args.json}")
+    h.write_results(args.json, results)
     return 1 if args.strict and not g["pass"] else 0
 
 

@@ -33,7 +33,6 @@ import datetime as dt
 import hashlib
 import json
 import os
-import platform
 import signal
 import statistics
 import subprocess
@@ -47,6 +46,8 @@ from urllib.parse import urlsplit, urlunsplit
 REPO = Path(__file__).resolve().parent.parent
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))  # `python bench/export_throughput.py` puts bench/ first, not the repo
+from bench.harness import fmt, log, machine_info, redact_url, setup_django  # noqa: E402  (shared plumbing)
+
 RESULTS_DIR = REPO / "bench" / "results"
 DEFAULT_DB_NAME = "fairshare_bench"
 DEFAULT_SERVER_URL = "postgres://postgres@127.0.0.1:5432/postgres"
@@ -69,10 +70,6 @@ CHILD_TIMEOUT_S = 1800
 CLUSTER_READY_TIMEOUT_S = 120
 
 
-def log(message: str) -> None:
-    print(f"[bench {time.strftime('%H:%M:%S')}] {message}", file=sys.stderr, flush=True)
-
-
 # --- Database URL and environment ---------------------------------------------------------------
 
 def bench_database_url(db_name: str) -> str:
@@ -90,14 +87,6 @@ def with_database(url: str, name: str) -> str:
     return urlunsplit(urlsplit(url)._replace(path="/" + name))
 
 
-def redact_url(url: str) -> str:
-    parts = urlsplit(url)
-    if parts.password:
-        netloc = parts.netloc.replace(f":{parts.password}@", ":***@")
-        return urlunsplit(parts._replace(netloc=netloc))
-    return url
-
-
 def configure_environment(db_url: str) -> None:
     """Settings for this process (and the children that inherit its environment)."""
     os.environ["DATABASE_URL"] = db_url
@@ -106,12 +95,6 @@ def configure_environment(db_url: str) -> None:
     os.environ.setdefault("LOG_LEVEL", "WARNING")
     os.environ.pop("REDIS_URL", None)  # the ORM broker, in the benchmark's own database
     os.environ.pop("Q_CLUSTER_NAME", None)
-
-
-def setup_django() -> None:
-    import django
-
-    django.setup()
 
 
 # --- Process management ---------------------------------------------------------------------------
@@ -534,71 +517,12 @@ def summarise(path_runs: list[dict], *, rows: int, key: str = "seconds") -> dict
     }
 
 
-def machine_info(db_url: str) -> dict:
-    import django
-    import django_q
-    import psycopg
-    from django.db import connection
-
-    with connection.cursor() as cur:
-        cur.execute("SELECT version()")
-        pg_version = cur.fetchone()[0]
-        settings = {}
-        for name in ("shared_buffers", "work_mem", "max_parallel_workers_per_gather", "jit"):
-            cur.execute(f"SHOW {name}")
-            settings[name] = cur.fetchone()[0]
-    cpu_model = ""
-    with contextlib.suppress(OSError):
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu_model = line.split(":", 1)[1].strip()
-                break
-    mem_total_kb = None
-    with contextlib.suppress(OSError, ValueError, IndexError):
-        mem_total_kb = int(Path("/proc/meminfo").read_text().split("MemTotal:")[1].split()[0])
-    commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=REPO, capture_output=True, text=True).stdout.strip()
-    dirty = subprocess.run(["git", "status", "--porcelain", "--", "exports", "budgets", "scheduling", "config"],
-                           cwd=REPO, capture_output=True, text=True).stdout.strip()
-    return {
-        "cpu_count": os.cpu_count(),
-        "cpu_affinity": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None,
-        "cpu_model": cpu_model,
-        "mem_total_mib": round(mem_total_kb / 1024) if mem_total_kb else None,
-        "platform": platform.platform(),
-        "python": platform.python_version(),
-        "django": django.get_version(),
-        "django_q2": getattr(django_q, "__version__", None) or _dist_version("django-q2"),
-        "psycopg": psycopg.__version__,
-        "psycopg_impl": psycopg.pq.__impl__,
-        "postgresql": pg_version,
-        "postgresql_settings": settings,
-        "psql": subprocess.run(["psql", "--version"], capture_output=True, text=True).stdout.strip(),
-        "database": redact_url(db_url),
-        "git_commit": commit,
-        "git_dirty_product_code": dirty.splitlines(),
-        "loadavg_start": list(os.getloadavg()),
-    }
-
-
-def _dist_version(name: str):
-    from importlib.metadata import PackageNotFoundError, version
-
-    try:
-        return version(name)
-    except PackageNotFoundError:
-        return None
-
-
 def wait_for_quiet(max_seconds: float) -> None:
     limit = 0.5 * (os.cpu_count() or 1)
     deadline = time.monotonic() + max_seconds
     while (load := os.getloadavg()[0]) >= limit and time.monotonic() < deadline:
         log(f"load average {load:.2f} >= {limit:.1f}; waiting for a quieter machine")
         time.sleep(15)
-
-
-def fmt(value, spec: str, missing: str = "-") -> str:
-    return missing if value is None else format(value, spec)
 
 
 def render_table(results: dict) -> str:
@@ -709,7 +633,8 @@ def main(argv=None) -> int:
     user = get_user_model().objects.get(username="bench")
     if args.wait_for_quiet > 0:
         wait_for_quiet(args.wait_for_quiet)
-    info = machine_info(db_url)
+    info = machine_info(db_url, pg_settings=("shared_buffers", "work_mem", "max_parallel_workers_per_gather", "jit"))
+    info["psql"] = subprocess.run(["psql", "--version"], capture_output=True, text=True).stdout.strip()
     header = csv_header_bytes()
 
     tmp = tempfile.TemporaryDirectory(prefix="fairshare-bench-")

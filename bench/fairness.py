@@ -395,9 +395,7 @@ def main(argv=None) -> int:
     print(f"{'PASS' if g['pass'] else 'MISS'}  {g['goal']}: {during['wait_ms']['p95']:.0f} ms vs "
           f"{solo['wait_ms']['p95']:.0f} ms solo = {ratio:.2f}x")
     print(f"load average {info['loadavg_start'][0]:.2f} at start, {results['machine']['loadavg_end'][0]:.2f} at the end")
-    args.json.parent.mkdir(parents=True, exist_ok=True)
-    args.json.write_text(json.dumps(results, indent=2, default=str) + "\n")
-    print(f"results: {args.json}")
+    h.write_results(args.json, results)
     return 1 if args.strict and not g["pass"] else 0
 
 

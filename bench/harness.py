@@ -12,6 +12,7 @@ from __future__ import annotations
 import atexit
 import contextlib
 import datetime as dt
+import json
 import math
 import os
 import platform
@@ -255,7 +256,10 @@ def render_table(headers: list[str], rows: list[list[str] | None], right: set[in
     return "\n".join(out)
 
 
-def machine_info(db_url: str) -> dict:
+PG_SETTINGS = ("shared_buffers", "synchronous_commit", "fsync", "max_connections")
+
+
+def machine_info(db_url: str, *, pg_settings: tuple[str, ...] = PG_SETTINGS) -> dict:
     import django
     import psycopg
     from django.db import connection
@@ -263,10 +267,10 @@ def machine_info(db_url: str) -> dict:
     with connection.cursor() as cur:
         cur.execute("SELECT version()")
         pg_version = cur.fetchone()[0]
-        pg_settings = {}
-        for name in ("shared_buffers", "synchronous_commit", "fsync", "max_connections"):
+        shown = {}
+        for name in pg_settings:
             cur.execute(f"SHOW {name}")
-            pg_settings[name] = cur.fetchone()[0]
+            shown[name] = cur.fetchone()[0]
     cpu_model = ""
     with contextlib.suppress(OSError):
         for line in Path("/proc/cpuinfo").read_text().splitlines():
@@ -289,11 +293,11 @@ def machine_info(db_url: str) -> dict:
         "psycopg": psycopg.__version__,
         "psycopg_impl": psycopg.pq.__impl__,
         "postgresql": pg_version,
-        "postgresql_settings": pg_settings,
+        "postgresql_settings": shown,
         "database": redact_url(db_url),
         "git_branch": git("rev-parse", "--abbrev-ref", "HEAD"),
         "git_commit": git("rev-parse", "HEAD"),
-        "git_dirty_product_code": git("status", "--porcelain", "--", "budgets", "scheduling", "config").splitlines(),
+        "git_dirty_product_code": git("status", "--porcelain", "--", "budgets", "exports", "scheduling", "config").splitlines(),
         # Identifies the exact product code measured (uncommitted changes included).
         "product_code_sha256": product_code_digest(),
         "loadavg_start": list(os.getloadavg()),
@@ -320,6 +324,12 @@ def _dist_version(name: str):
         return version(name)
     except PackageNotFoundError:
         return None
+
+
+def write_results(path: Path, results: dict) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(results, indent=2, default=str) + "\n")
+    print(f"results: {path}")
 
 
 def utc_timestamp() -> str:
