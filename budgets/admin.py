@@ -61,14 +61,14 @@ class AccountAdmin(AccountScopedAdmin):
             self._status.setdefault(row.account, []).append(row)
         return super().changelist_view(request, extra_context)
 
-    @admin.display(description="today's CPU (used / limit, running, held)")
+    @admin.display(description="today's CPU (used / limit, running, sent, held)")
     def budget_today(self, obj):
         rows = getattr(self, "_status", {}).get(obj.slug, [])
         return format_html_join(
-            "", "<div>{}: {} / {} s ({}%), {}/{} running, {} held</div>",
+            "", "<div>{}: {} / {} s ({}%), {}/{} running, {} sent, {} held</div>",
             ((r.queue, round(r.cpu_used_ms / 1000, 1), r.cpu_limit_ms // 1000,
               round(100 * r.cpu_used_ms / r.cpu_limit_ms) if r.cpu_limit_ms else 0,
-              r.running, r.max_concurrent, r.held) for r in rows),
+              r.running, r.max_concurrent, r.sent, r.held) for r in rows),
         ) or "—"
 
 

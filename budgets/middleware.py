@@ -1,5 +1,8 @@
 """Budget admission and settlement around every account-scoped task (SPEC §4 Budgets)."""
+import _thread
+import signal
 import threading
+import time
 
 from django.conf import settings
 from django.db import connections
@@ -9,26 +12,79 @@ from budgets.limits import BudgetExhausted, RunBudget, UnlimitedBudget, cpu_limi
 from scheduling.models import Outcome
 from scheduling.services import worker_id
 
+# How long a run that spent its allowance waits for the heartbeat thread to reserve more.
+REFILL_WAIT_S = 10
+
 
 class Heartbeat(threading.Thread):
-    """Reports the run's CPU and renews its reservation's lease while the run is alive."""
+    """A running task's companion thread, on its own database connection.
 
-    def __init__(self, reservation_id: int, budget: RunBudget):
+    Every tick it looks at the run's CPU: when the allowance runs low it reserves the next step
+    from the account's remaining budget (`services.reservation_grow`); when there is none left and
+    the allowance is spent, it stops the run with SIGXCPU (if the run is in the main thread, where
+    `cpu_limit` handles it). Every RESERVATION_HEARTBEAT_S it reports the CPU used so far and
+    renews the reservation's lease, so a run whose worker died is reclaimed.
+    """
+
+    def __init__(self, reservation_id: int, budget: RunBudget, *, interrupt_main: bool):
         super().__init__(name=f"fairshare-heartbeat-{reservation_id}", daemon=True)
         self.reservation_id = reservation_id
         self.budget = budget
+        self.interrupt_main = interrupt_main
+        self._wake = threading.Event()
         self._stopping = threading.Event()
+        self._refill_wanted = threading.Event()
+        self._refilled = threading.Event()
+        self._next_beat = 0.0
+        self._next_grow = 0.0
+
+    def refill(self) -> None:
+        """From the run's thread: its allowance is spent; reserve more now if there is any."""
+        self._refilled.clear()
+        self._refill_wanted.set()
+        self._wake.set()
+        self._refilled.wait(REFILL_WAIT_S)
 
     def run(self) -> None:
-        interval = settings.FAIRSHARE["RESERVATION_HEARTBEAT_S"]
+        options = settings.FAIRSHARE
+        tick, step = options["BUDGET_TICK_S"], options["RESERVATION_STEP_MS"]
+        self._next_beat = time.monotonic() + options["RESERVATION_HEARTBEAT_S"]
         try:
-            while not self._stopping.wait(interval):
+            while not self._stopping.is_set():
+                self._wake.wait(tick)
+                self._wake.clear()
+                if self._stopping.is_set():
+                    break
                 try:
-                    services.reservation_heartbeat(reservation_id=self.reservation_id, cpu_ms=self.budget.used_ms())
+                    self._tick(step=step, beat_every=options["RESERVATION_HEARTBEAT_S"])
                 except Exception:  # a missed beat only shortens the lease; the next one may work
                     connections.close_all()
+                finally:
+                    if self._refill_wanted.is_set():
+                        self._refill_wanted.clear()
+                        self._refilled.set()
         finally:
             connections.close_all()  # this thread's own connections
+
+    def _tick(self, *, step: int, beat_every: float) -> None:
+        budget, now = self.budget, time.monotonic()
+        wanted = self._refill_wanted.is_set()
+        if not budget.exhausted and (wanted or (budget.remaining() < step // 2 and now >= self._next_grow)):
+            granted = services.reservation_grow(
+                reservation_id=self.reservation_id, cpu_ms=budget.used_ms(), want_ms=step)
+            self._next_beat = now + beat_every  # growing renewed the lease too
+            if granted:
+                budget.grow(granted)
+            elif budget.remaining() <= 0:
+                budget.exhausted = True  # everything left today is reserved or used
+            else:
+                self._next_grow = now + 1  # others hold the rest; ask again in a second
+        elif now >= self._next_beat:
+            services.reservation_heartbeat(reservation_id=self.reservation_id, cpu_ms=budget.used_ms())
+            self._next_beat = now + beat_every
+        if budget.exhausted and budget.remaining() <= 0 and self.interrupt_main and not budget.finished:
+            self.interrupt_main = False  # once: the handler raises BudgetExhausted in the run
+            _thread.interrupt_main(signal.SIGXCPU)
 
     def __enter__(self):
         self.start()
@@ -36,6 +92,7 @@ class Heartbeat(threading.Thread):
 
     def __exit__(self, *exc):
         self._stopping.set()
+        self._wake.set()
         self.join()
 
 
@@ -57,12 +114,17 @@ class BudgetMiddleware:
         if not admission.admitted:
             ctx.outcome = Outcome.DEFERRED
             return
-        ctx.budget = RunBudget(admission.allowance_ms)
+        ctx.budget = budget = RunBudget(admission.allowance_ms)
+        in_main_thread = threading.current_thread() is threading.main_thread()
         cap_hit = False
         try:
-            with Heartbeat(admission.reservation_id, ctx.budget):
-                with cpu_limit(admission.allowance_ms):
-                    self.call_next(ctx)
+            with cpu_limit(budget):
+                with Heartbeat(admission.reservation_id, budget, interrupt_main=in_main_thread) as heartbeat:
+                    budget.refill = heartbeat.refill
+                    try:
+                        self.call_next(ctx)
+                    finally:
+                        budget.finished = True
         except BudgetExhausted:
             cap_hit = True
             ctx.outcome = Outcome.BUDGET_EXHAUSTED
@@ -70,5 +132,5 @@ class BudgetMiddleware:
             ctx.meter.stop()
             services.settle(
                 reservation_id=admission.reservation_id, account_id=ctx.envelope.account, queue=queue,
-                meter=ctx.meter, cap_hit=cap_hit, hold_envelope=ctx.envelope if cap_hit else None,
+                meter=ctx.meter, cap_hit=cap_hit, envelope=ctx.envelope,
             )

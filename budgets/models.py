@@ -114,6 +114,10 @@ class UsageDay(models.Model):
 
 
 class ReservationStatus(models.TextChoices):
+    # Sent to the broker, not started yet: holds one of the account's slots, no CPU, so a flood
+    # waits in the holding area instead of the broker. Taken over by the run's admission; given
+    # back if the message is not picked up within FAIRSHARE["DISPATCH_LEASE_S"] (it was lost).
+    DISPATCHED = "dispatched", "Dispatched (holds a slot, not started)"
     ACTIVE = "active", "Active (holds a slot)"
     # The run stopped heart-beating (its worker died): slot and reservation were given back and
     # the CPU it had reported was charged. If it turns out to be alive after all, its settlement
@@ -122,7 +126,8 @@ class ReservationStatus(models.TextChoices):
 
 
 class Reservation(models.Model):
-    """A running task's concurrency slot and CPU reservation, from admission to settlement."""
+    """A task's concurrency slot, from dispatch (or admission) to settlement, and the CPU its run
+    has reserved."""
 
     account = models.ForeignKey(Account, on_delete=models.CASCADE, related_name="reservations")
     queue = models.CharField(max_length=40, choices=Queue.choices)
@@ -132,7 +137,7 @@ class Reservation(models.Model):
     task_run = models.OneToOneField("scheduling.TaskRun", null=True, blank=True, on_delete=models.SET_NULL, related_name="reservation")
     worker = models.CharField(max_length=100, blank=True)
     status = models.CharField(max_length=20, choices=ReservationStatus.choices, default=ReservationStatus.ACTIVE)
-    cpu_reserved_ms = models.BigIntegerField()
+    cpu_reserved_ms = models.BigIntegerField(default=0)
     cpu_reported_ms = models.BigIntegerField(default=0, help_text="CPU the run had used at its last heartbeat")
     cpu_charged_ms = models.BigIntegerField(default=0, help_text="CPU already charged by a reclaim")
     created_at = models.DateTimeField(auto_now_add=True)

@@ -40,6 +40,7 @@ class BudgetStatus:
     cpu_used_ms: int
     cpu_reserved_ms: int
     running: int
+    sent: int  # in the broker, not started: each holds a slot too
     max_concurrent: int
     held: int
     next_reset: dt.datetime
@@ -50,15 +51,16 @@ class BudgetStatus:
 
 
 def budget_status(*, accounts: QuerySet[Account] | None = None) -> list[BudgetStatus]:
-    """Today's limit, use, reservations, running and held work per account and queue."""
+    """Today's limit, use, reservations, running, sent and held work per account and queue."""
     from scheduling.models import DeferredTask
 
     day = clock.budget_day()
     accounts = (accounts if accounts is not None else Account.objects.all()).order_by("slug")
     budgets = Budget.objects.filter(account__in=accounts).select_related("account").order_by("account__slug", "queue")
     usage = {(u.account_id, u.queue): u for u in UsageDay.objects.filter(account__in=accounts, day=day)}
-    running = Counter(Reservation.objects.filter(account__in=accounts, status=ReservationStatus.ACTIVE)
-                      .values_list("account_id", "queue"))
+    slots = Reservation.objects.filter(account__in=accounts)
+    running = Counter(slots.filter(status=ReservationStatus.ACTIVE).values_list("account_id", "queue"))
+    sent = Counter(slots.filter(status=ReservationStatus.DISPATCHED).values_list("account_id", "queue"))
     held = Counter(DeferredTask.objects.filter(account__in=accounts).values_list("account_id", "queue"))
     reset = clock.next_reset()
     rows = []
@@ -69,6 +71,6 @@ def budget_status(*, accounts: QuerySet[Account] | None = None) -> list[BudgetSt
             account=budget.account.slug, queue=budget.queue, day=day,
             cpu_limit_ms=budget.cpu_seconds_per_day * 1000,
             cpu_used_ms=used.cpu_used_ms if used else 0, cpu_reserved_ms=used.cpu_reserved_ms if used else 0,
-            running=running[key], max_concurrent=budget.max_concurrent, held=held[key], next_reset=reset,
+            running=running[key], sent=sent[key], max_concurrent=budget.max_concurrent, held=held[key], next_reset=reset,
         ))
     return rows

@@ -207,6 +207,15 @@ FAIRSHARE = {
     # for this long (the worker died); heartbeats come every RESERVATION_HEARTBEAT_S.
     "RESERVATION_LEASE_S": env_int("FAIRSHARE_RESERVATION_LEASE", 60),
     "RESERVATION_HEARTBEAT_S": float(os.environ.get("FAIRSHARE_RESERVATION_HEARTBEAT", 5)),
+    # A run reserves CPU in steps of this much (at least its job's estimate) and reserves the next
+    # step when less than half of one is left; the runs of an account never hold more than it has
+    # left today, so together they stop at the daily cap. Each run's heartbeat thread looks at its
+    # CPU this often: the most a job that never checks its budget overshoots by.
+    "RESERVATION_STEP_MS": env_int("FAIRSHARE_RESERVATION_STEP", 1000),
+    "BUDGET_TICK_S": float(os.environ.get("FAIRSHARE_BUDGET_TICK", 0.2)),
+    # A job sent to the broker holds one of its account's slots until it starts; if its message
+    # is lost (a broker restart), the slot is given back after this long.
+    "DISPATCH_LEASE_S": env_int("FAIRSHARE_DISPATCH_LEASE", 300),
     # Maintenance: task runs older than this are rolled up per day and pruned; django-q2's own
     # task rows (failures) older than this are deleted.
     "TASK_RUN_RETENTION_DAYS": env_int("FAIRSHARE_TASK_RUN_RETENTION_DAYS", 14),

@@ -16,7 +16,7 @@ from django.utils import timezone
 
 from budgets.limits import BudgetExhausted, RunBudget, UnlimitedBudget
 from budgets.metering import Meter
-from budgets.models import Account, Reservation
+from budgets.models import Account, Reservation, ReservationStatus
 from budgets.selectors import can_export, membership_of
 from exports import storage
 from exports.models import (
@@ -421,7 +421,11 @@ def reconcile_exports() -> int:
     now = timezone.now()
     stale = now - dt.timedelta(seconds=settings.FAIRSHARE["EXPORT_STALE_AFTER_S"])
     held = DeferredTask.objects.filter(job=BUILD_JOB).values("ref")
-    running = Reservation.objects.filter(job=BUILD_JOB).values("ref")
+    # Running, or sent and not started for less than the stale time (a slot dispatched earlier
+    # than that whose export is still queued lost its message: re-sending uses the same slot).
+    sent_before_stale = now + dt.timedelta(seconds=settings.FAIRSHARE["DISPATCH_LEASE_S"]) - (now - stale)
+    running = (Reservation.objects.filter(job=BUILD_JOB)
+               .exclude(status=ReservationStatus.DISPATCHED, lease_expires_at__lt=sent_before_stale).values("ref"))
     lost = (
         ExportRecord.objects.filter(status=ExportStatus.QUEUED, created_at__lt=stale)
         .exclude(pk__in=[r["ref"] for r in held]).exclude(pk__in=[r["ref"] for r in running])

@@ -54,6 +54,9 @@ class TaskRun(models.Model):
 class DeferReason(models.TextChoices):
     BUDGET_EXHAUSTED = "budget_exhausted", "Daily CPU budget exhausted"
     CONCURRENCY_CAP = "concurrency_cap", "Account at its concurrency cap"
+    # The account has budget left today, but its running jobs have reserved all of it: released
+    # when one of them settles (and gives back what it did not use).
+    BUDGET_RESERVED = "budget_reserved", "Remaining budget reserved by running jobs"
     RETRY_BACKOFF = "retry_backoff", "Waiting to retry"
     QUEUED_BEHIND = "queued_behind", "Queued behind the account's held work"
 

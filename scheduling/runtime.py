@@ -59,12 +59,18 @@ def enqueue(*, job: str, account: int | None, ref: str) -> str | None:
     """Submit work: account work that may not run now goes to the holding area instead of the
     broker (returns None); everything else is sent (returns the django-q2 task id)."""
     spec = get_job(job)
-    if spec.account_scoped:
-        from budgets.services import hold_at_enqueue  # budgets builds on the runner, not the reverse
+    if not spec.account_scoped:
+        return send(job=job, account=account, ref=ref)
+    from budgets.services import admit_at_enqueue, undispatch  # budgets builds on the runner, not the reverse
 
-        if hold_at_enqueue(envelope=Envelope(job=spec.name, account=account, ref=str(ref)), queue=spec.queue):
-            return None
-    return send(job=job, account=account, ref=ref)
+    envelope = Envelope(job=spec.name, account=account, ref=str(ref))
+    if not admit_at_enqueue(envelope=envelope, queue=spec.queue):
+        return None
+    try:
+        return send(job=job, account=account, ref=ref)
+    except BaseException:
+        undispatch(envelope=envelope, queue=spec.queue)
+        raise
 
 
 def enqueue_on_commit(*, job: str, account: int | None, ref: str) -> None:

@@ -84,8 +84,10 @@ def hold(*, envelope: Envelope, queue: str, reason: str, eligible_at: dt.datetim
         )
 
 
-def release_oldest(*, account_id: int, queue: str, limit: int) -> int:
-    """Ring the doorbell again for the account's oldest due held jobs; returns how many."""
+def release_oldest(*, account_id: int, queue: str, limit: int) -> list[DeferredTask]:
+    """Ring the doorbell again for the account's oldest due held jobs; returns them."""
+    if limit <= 0:
+        return []
     due = list(
         DeferredTask.objects.select_for_update(skip_locked=True)
         .filter(account_id=account_id, queue=queue, eligible_at__lte=clock.now())
@@ -95,7 +97,7 @@ def release_oldest(*, account_id: int, queue: str, limit: int) -> int:
         held.delete()
         # Sent straight to the broker: admission checks it again when it starts.
         send_on_commit(job=held.job, account=held.account_id, ref=held.ref)
-    return len(due)
+    return due
 
 
 def release_now(*, deferred_ids: list[int]) -> int:

@@ -9,7 +9,9 @@ from django_q.signing import SignedPackage
 from budgets import clock
 from budgets.metering import Meter
 from budgets.models import Budget, Reservation, ReservationStatus, UsageDay
-from budgets.services import admit, hold_at_enqueue, reclaim_expired, release_due, settle
+from budgets.services import (
+    admit, admit_at_enqueue, reclaim_expired, release_due, reservation_grow, settle,
+)
 from scheduling.envelope import Envelope
 from scheduling.models import DeferReason, DeferredTask, Outcome, TaskRun
 from scheduling.runtime import enqueue
@@ -40,10 +42,16 @@ def queued_envelopes() -> list[dict]:
     return [SignedPackage.loads(q.payload)["args"][0] for q in OrmQ.objects.order_by("id")]
 
 
-def test_admission_reserves_the_estimate_and_takes_the_only_slot(account, budget):
+def test_admission_reserves_a_step_of_cpu_and_takes_the_only_slot(account, budget, settings):
     first = admit(envelope=envelope(account, "a"), queue="default", estimate_ms=300, task_run_id=None, worker="w")
-    assert first.admitted and first.allowance_ms == 10_000
-    assert usage(account).cpu_reserved_ms == 300
+    # At least one reservation step (1 s), more if the job's estimate says so: the run may spend
+    # what it reserved, not the account's whole remaining budget.
+    assert first.admitted and first.allowance_ms == 1000
+    assert usage(account).cpu_reserved_ms == 1000
+    Budget.objects.create(account=account, queue="exports", cpu_seconds_per_day=10, max_concurrent=1)
+    big = admit(envelope=envelope(account, "big", job="exports.build"), queue="exports", estimate_ms=2500,
+                task_run_id=None, worker="w")
+    assert big.allowance_ms == 2500
 
     second = admit(envelope=envelope(account, "b"), queue="default", estimate_ms=300, task_run_id=None, worker="w")
     assert not second.admitted and second.reason == DeferReason.CONCURRENCY_CAP
@@ -69,9 +77,9 @@ def test_settlement_charges_measured_cpu_once_and_releases_the_oldest_held_job(
     row = usage(account)
     assert (row.cpu_used_ms, row.cpu_reserved_ms, row.wall_ms, row.db_wait_ms, row.storage_wait_ms, row.runs) == (
         1234, 0, 2000, 12, 8, 1)
-    assert not Reservation.objects.exists()
-    # The oldest held job went back to the broker; the other still waits.
+    # The oldest held job went back to the broker, holding the freed slot until it starts.
     assert [e["ref"] for e in queued_envelopes()] == ["b"]
+    assert list(Reservation.objects.values_list("ref", "status")) == [("b", ReservationStatus.DISPATCHED)]
     assert list(DeferredTask.objects.values_list("ref", flat=True)) == ["c"]
 
 
@@ -95,17 +103,17 @@ def test_exhausted_budget_holds_work_until_the_next_budget_day(
     with django_capture_on_commit_callbacks(execute=True):
         assert release_due() == 1  # one slot: the oldest goes first
     assert [e["ref"] for e in queued_envelopes()] == ["b"]
-    fresh = admit(envelope=envelope(account, "d"), queue="default", estimate_ms=300, task_run_id=None, worker="w")
-    assert fresh.admitted and fresh.allowance_ms == 10_000
+    fresh = admit(envelope=envelope(account, "b"), queue="default", estimate_ms=300, task_run_id=None, worker="w")
+    assert fresh.admitted and fresh.allowance_ms == 1000
 
 
 def test_enqueue_waits_behind_held_work_of_the_same_account(account, other_account, budget):
     admit(envelope=envelope(account, "a"), queue="default", estimate_ms=10, task_run_id=None, worker="w")
     admit(envelope=envelope(account, "b"), queue="default", estimate_ms=10, task_run_id=None, worker="w")
-    assert hold_at_enqueue(envelope=envelope(account, "c"), queue="default")
+    assert not admit_at_enqueue(envelope=envelope(account, "c"), queue="default")
     assert DeferredTask.objects.get(ref="c").reason == DeferReason.QUEUED_BEHIND
     # Another account is not affected.
-    assert not hold_at_enqueue(envelope=envelope(other_account, "x"), queue="default")
+    assert admit_at_enqueue(envelope=envelope(other_account, "x"), queue="default")
 
 
 def test_reclaim_gives_back_a_dead_runs_slot_and_charges_what_it_reported(
@@ -125,6 +133,7 @@ def test_reclaim_gives_back_a_dead_runs_slot_and_charges_what_it_reported(
     run.refresh_from_db()
     assert (run.outcome, run.cpu_ms) == (Outcome.LOST, 700)
     assert [e["ref"] for e in queued_envelopes()] == ["b"]
+    assert Reservation.objects.get(ref="b").status == ReservationStatus.DISPATCHED
 
     # The "dead" run was only slow: its late settlement charges the remainder, nothing twice.
     assert Reservation.objects.get(pk=dead.reservation_id).status == ReservationStatus.RECLAIMED
@@ -145,3 +154,98 @@ def test_budget_defaults_come_from_the_plan_tier(account, settings):
     budget = Budget.objects.get(account=account, queue="default")
     expected = settings.FAIRSHARE["PLAN_BUDGETS"][account.plan]["default"]
     assert (budget.cpu_seconds_per_day, budget.max_concurrent) == (expected["cpu_seconds_per_day"], expected["max_concurrent"])
+
+
+# --- The daily cap across concurrent runs ------------------------------------------------------
+
+def test_concurrent_runs_of_one_account_never_reserve_more_than_it_has_left(
+    account, django_capture_on_commit_callbacks,
+):
+    Budget.objects.create(account=account, queue="default", cpu_seconds_per_day=2, max_concurrent=3)
+    first = admit(envelope=envelope(account, "a"), queue="default", estimate_ms=10, task_run_id=None, worker="w")
+    second = admit(envelope=envelope(account, "b"), queue="default", estimate_ms=1500, task_run_id=None, worker="w")
+    assert (first.allowance_ms, second.allowance_ms) == (1000, 1000)  # the second gets what is left
+    # A third run could take a slot, but the budget is all reserved: it waits for the others.
+    third = admit(envelope=envelope(account, "c"), queue="default", estimate_ms=10, task_run_id=None, worker="w")
+    assert (third.admitted, third.reason) == (False, DeferReason.BUDGET_RESERVED)
+    assert reservation_grow(reservation_id=first.reservation_id, cpu_ms=900, want_ms=1000) == 0
+
+    # The first gives back what it did not use: the held job runs with that.
+    with django_capture_on_commit_callbacks(execute=True):
+        settle(reservation_id=first.reservation_id, account_id=account.pk, queue="default", meter=meter(cpu_ms=400))
+    assert [e["ref"] for e in queued_envelopes()] == ["c"]
+    again = admit(envelope=envelope(account, "c"), queue="default", estimate_ms=10, task_run_id=None, worker="w")
+    assert again.allowance_ms == 600
+    assert reservation_grow(reservation_id=second.reservation_id, cpu_ms=990, want_ms=1000) == 0
+    row = usage(account)
+    assert (row.cpu_used_ms, row.cpu_reserved_ms) == (400, 1600)
+
+
+def test_a_run_grows_its_reservation_while_the_account_has_budget_left(account, budget):
+    run = admit(envelope=envelope(account, "a"), queue="default", estimate_ms=10, task_run_id=None, worker="w")
+    assert reservation_grow(reservation_id=run.reservation_id, cpu_ms=800, want_ms=5000) == 5000
+    assert reservation_grow(reservation_id=run.reservation_id, cpu_ms=5800, want_ms=5000) == 4000  # 10 s in all
+    assert reservation_grow(reservation_id=run.reservation_id, cpu_ms=9900, want_ms=5000) == 0
+    reservation = Reservation.objects.get(pk=run.reservation_id)
+    assert (reservation.cpu_reserved_ms, reservation.cpu_reported_ms) == (10_000, 9900)
+    assert usage(account).cpu_reserved_ms == 10_000
+
+
+def test_a_run_stopped_by_the_cap_waits_for_tomorrow_when_nothing_is_left(account, budget):
+    run = admit(envelope=envelope(account, "a"), queue="default", estimate_ms=10_000, task_run_id=None, worker="w")
+    settle(reservation_id=run.reservation_id, account_id=account.pk, queue="default", meter=meter(cpu_ms=10_100),
+           cap_hit=True, envelope=envelope(account, "a"))
+    held = DeferredTask.objects.get()
+    assert (held.ref, held.reason, held.eligible_at) == ("a", DeferReason.BUDGET_EXHAUSTED, clock.next_reset())
+    assert usage(account).cap_hits == 1
+
+
+# --- Slots from enqueue to start ----------------------------------------------------------------
+
+def test_a_sent_job_holds_a_slot_until_it_starts_so_a_burst_waits_in_the_holding_area(
+    account, budget, django_capture_on_commit_callbacks,
+):
+    assert enqueue(job="tests.noop", account=account.pk, ref="a") is not None
+    assert Reservation.objects.get().status == ReservationStatus.DISPATCHED
+    # The only slot is taken by the job in the broker: the rest of the burst never reaches it.
+    assert enqueue(job="tests.noop", account=account.pk, ref="b") is None
+    assert enqueue(job="tests.noop", account=account.pk, ref="c") is None
+    assert list(DeferredTask.objects.values_list("ref", "reason")) == [
+        ("b", DeferReason.CONCURRENCY_CAP), ("c", DeferReason.QUEUED_BEHIND)]
+    assert [e["ref"] for e in queued_envelopes()] == ["a"]
+
+    # When it starts, the run takes over its own slot (no deferral), and settling releases the next.
+    run = admit(envelope=envelope(account, "a"), queue="default", estimate_ms=10, task_run_id=None, worker="w")
+    assert run.admitted
+    assert Reservation.objects.get().status == ReservationStatus.ACTIVE
+    with django_capture_on_commit_callbacks(execute=True):
+        settle(reservation_id=run.reservation_id, account_id=account.pk, queue="default", meter=meter(cpu_ms=5))
+    assert [e["ref"] for e in queued_envelopes()] == ["a", "b"]
+    assert list(Reservation.objects.values_list("ref", "status")) == [("b", ReservationStatus.DISPATCHED)]
+    # A duplicate delivery of the finished job finds no slot of its own and none free: it waits.
+    duplicate = admit(envelope=envelope(account, "a"), queue="default", estimate_ms=10, task_run_id=None, worker="w")
+    assert duplicate.reason == DeferReason.CONCURRENCY_CAP
+
+
+def test_the_slot_of_a_lost_message_comes_back_after_the_dispatch_lease(
+    account, budget, django_capture_on_commit_callbacks,
+):
+    assert enqueue(job="tests.noop", account=account.pk, ref="lost") is not None
+    assert enqueue(job="tests.noop", account=account.pk, ref="next") is None
+    OrmQ.objects.all().delete()  # the broker lost the message
+    assert reclaim_expired() == 0  # not before its lease
+    Reservation.objects.update(lease_expires_at=timezone.now() - dt.timedelta(seconds=1))
+    with django_capture_on_commit_callbacks(execute=True):
+        assert reclaim_expired() == 1
+    assert [e["ref"] for e in queued_envelopes()] == ["next"]
+    assert list(Reservation.objects.values_list("ref", "status")) == [("next", ReservationStatus.DISPATCHED)]
+    assert usage(account).runs == 0  # nothing ran, nothing is charged
+
+
+def test_a_job_sent_again_before_it_started_goes_out_on_the_slot_it_holds(account, budget):
+    assert enqueue(job="tests.noop", account=account.pk, ref="a") is not None
+    # A reconciler rings the doorbell again (the first message may be lost): no second slot, no hold.
+    assert enqueue(job="tests.noop", account=account.pk, ref="a") is not None
+    assert list(Reservation.objects.values_list("ref", "status")) == [("a", ReservationStatus.DISPATCHED)]
+    assert not DeferredTask.objects.exists()
+    assert [e["ref"] for e in queued_envelopes()] == ["a", "a"]

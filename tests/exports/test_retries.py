@@ -12,6 +12,7 @@ from budgets.models import Membership, Reservation, ReservationStatus, Role
 from exports.models import AttemptOutcome, ExportStatus
 from exports.services import BUILD_JOB, export_request, reconcile_exports
 from scheduling.envelope import Envelope
+from scheduling.retries import RetryPolicy
 from scheduling.models import DeferReason, DeferredTask, Outcome, TaskRun
 from scheduling.runtime import execute
 from tests.exports.support import (
@@ -184,8 +185,11 @@ def test_requester_losing_export_permission_fails_at_once_without_retry(
     assert reconcile_exports() == 0
 
 
-def test_any_job_that_lost_its_database_connection_is_held_for_a_retry(account):
+def test_any_job_that_lost_its_database_connection_is_held_for_a_retry(account, monkeypatch):
     """The retry middleware itself must not trip over the connection the failure broke."""
+    # Full jitter may draw a delay of a few milliseconds, and the run's settlement releases a due
+    # job at once; a fixed delay keeps it in the holding area to be looked at.
+    monkeypatch.setattr(RetryPolicy, "delay", lambda self, attempt: 60.0)
     ref = "0/dropped-connection"
     execute(Envelope(job="tests.drop_connection", account=account.pk, ref=ref).to_message())
 

@@ -7,8 +7,9 @@ from budgets.selectors import budget_status
 
 
 class Command(BaseCommand):
-    help = ("Today's budget per account and queue: CPU limit, used, reserved, remaining, running and "
-            "held tasks, and when the budget day resets.")
+    help = ("Today's budget per account and queue: CPU limit, used, reserved, remaining; running tasks, "
+            "tasks sent to the broker and not started (each holds a slot too) and held tasks; and when "
+            "the budget day resets.")
 
     def add_arguments(self, parser):
         parser.add_argument("--account", help="only this account (slug)")
@@ -25,18 +26,18 @@ class Command(BaseCommand):
             self.stdout.write(json.dumps([
                 {"account": r.account, "queue": r.queue, "day": r.day.isoformat(),
                  "cpu_limit_ms": r.cpu_limit_ms, "cpu_used_ms": r.cpu_used_ms, "cpu_reserved_ms": r.cpu_reserved_ms,
-                 "cpu_remaining_ms": r.cpu_remaining_ms, "running": r.running, "max_concurrent": r.max_concurrent,
+                 "cpu_remaining_ms": r.cpu_remaining_ms, "running": r.running, "sent": r.sent, "max_concurrent": r.max_concurrent,
                  "held": r.held, "next_reset": r.next_reset.isoformat()}
                 for r in rows
             ], indent=2))
             return
-        header = f"{'account':<16} {'queue':<8} {'limit s':>9} {'used s':>9} {'reserved s':>10} {'left s':>9} {'running':>9} {'held':>6}"
+        header = f"{'account':<16} {'queue':<8} {'limit s':>9} {'used s':>9} {'reserved s':>10} {'left s':>9} {'running':>9} {'sent':>6} {'held':>6}"
         self.stdout.write(header)
         for r in rows:
             self.stdout.write(
                 f"{r.account:<16} {r.queue:<8} {r.cpu_limit_ms / 1000:>9.1f} {r.cpu_used_ms / 1000:>9.1f} "
                 f"{r.cpu_reserved_ms / 1000:>10.1f} {r.cpu_remaining_ms / 1000:>9.1f} "
-                f"{f'{r.running}/{r.max_concurrent}':>9} {r.held:>6}"
+                f"{f'{r.running}/{r.max_concurrent}':>9} {r.sent:>6} {r.held:>6}"
             )
         if rows:
             self.stdout.write(f"budget day {rows[0].day}, next reset {rows[0].next_reset:%Y-%m-%d %H:%M %Z}")
