@@ -1,10 +1,10 @@
 """Writes of the budgets app: defaults, admission, settlement, reclaim and release."""
 import datetime as dt
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from django.conf import settings
-from django.db import transaction
-from django.db.models import Count, Exists, F, IntegerField, OuterRef, Subquery, Value
+from django.db import connection, transaction
+from django.db.models import F
 from django.db.models.functions import Coalesce, Now
 from django.utils import timezone
 
@@ -59,7 +59,8 @@ class Admission:
 class _State:
     """An account's standing on one queue today, read in one statement."""
 
-    budget: Budget
+    cpu_limit_ms: int
+    max_concurrent: int
     usage_id: int | None
     cpu_used_ms: int
     cpu_reserved_ms: int
@@ -70,15 +71,29 @@ class _State:
 
     @property
     def unreserved_ms(self) -> int:
-        return self.budget.cpu_seconds_per_day * 1000 - self.cpu_used_ms - self.cpu_reserved_ms
+        return self.cpu_limit_ms - self.cpu_used_ms - self.cpu_reserved_ms
 
     @property
     def free_slots(self) -> int:
-        return self.budget.max_concurrent - self.in_flight
+        return self.max_concurrent - self.in_flight
 
 
-def _count(queryset) -> Subquery:
-    return Subquery(queryset.order_by().values(_g=Value(1)).annotate(n=Count("pk")).values("n"))
+# One hand-written statement (for PostgreSQL and SQLite alike): it runs two or three times for
+# every task, and building the same query through the ORM cost more CPU than running it.
+_STATE_SQL = """
+SELECT b.cpu_seconds_per_day, b.max_concurrent, u.id, COALESCE(u.cpu_used_ms, 0), COALESCE(u.cpu_reserved_ms, 0),
+       (SELECT COUNT(*) FROM {reservation} r
+         WHERE r.account_id = b.account_id AND r.queue = b.queue AND r.status IN (%s, %s)),
+       (SELECT COUNT(*) FROM {reservation} r
+         WHERE r.account_id = b.account_id AND r.queue = b.queue AND r.status = %s),
+       EXISTS (SELECT 1 FROM {deferred} d WHERE d.account_id = b.account_id AND d.queue = b.queue),
+       (SELECT MIN(r.id) FROM {reservation} r
+         WHERE r.account_id = b.account_id AND r.queue = b.queue AND r.status = %s AND r.job = %s AND r.ref = %s)
+  FROM {budget} b
+  LEFT JOIN {usage} u ON u.account_id = b.account_id AND u.queue = b.queue AND u.day = %s
+ WHERE b.account_id = %s AND b.queue = %s
+""".format(reservation=Reservation._meta.db_table, deferred=DeferredTask._meta.db_table,
+           budget=Budget._meta.db_table, usage=UsageDay._meta.db_table)
 
 
 def _state(*, account_id: int, queue: str, day: dt.date, envelope: Envelope | None = None) -> _State | None:
@@ -88,25 +103,19 @@ def _state(*, account_id: int, queue: str, day: dt.date, envelope: Envelope | No
     Run after the Budget row lock was taken (`_lock`), in a statement of its own, it sees
     everything committed before the lock was granted (READ COMMITTED: a new snapshot per statement).
     """
-    usage = UsageDay.objects.filter(account_id=OuterRef("account_id"), queue=queue, day=day)
-    slots = Reservation.objects.filter(account_id=OuterRef("account_id"), queue=queue)
-    budget = Budget.objects.filter(account_id=account_id, queue=queue).annotate(
-        _usage_id=Subquery(usage.values("pk")[:1]),
-        _used=Coalesce(Subquery(usage.values("cpu_used_ms")[:1]), 0),
-        _reserved=Coalesce(Subquery(usage.values("cpu_reserved_ms")[:1]), 0),
-        _in_flight=Coalesce(_count(slots.filter(status__in=IN_FLIGHT)), 0),
-        _active=Coalesce(_count(slots.filter(status=ReservationStatus.ACTIVE)), 0),
-        _held=Exists(DeferredTask.objects.filter(account_id=OuterRef("account_id"), queue=queue)),
-        _own_slot=Subquery(
-            slots.filter(status=ReservationStatus.DISPATCHED, job=envelope.job, ref=envelope.ref)
-            .order_by("pk").values("pk")[:1]
-        ) if envelope is not None else Value(None, output_field=IntegerField()),
-    ).first()
-    if budget is None:
+    job, ref = (envelope.job, envelope.ref) if envelope is not None else ("", "")
+    with connection.cursor() as cursor:
+        cursor.execute(_STATE_SQL, [
+            ReservationStatus.DISPATCHED, ReservationStatus.ACTIVE, ReservationStatus.ACTIVE,
+            ReservationStatus.DISPATCHED, job, ref, day.isoformat(), account_id, queue,
+        ])
+        row = cursor.fetchone()
+    if row is None:
         return None
-    return _State(budget=budget, usage_id=budget._usage_id, cpu_used_ms=budget._used,
-                  cpu_reserved_ms=budget._reserved, in_flight=budget._in_flight, active=budget._active,
-                  held=budget._held, own_slot=budget._own_slot)
+    cpu_seconds, max_concurrent, usage_id, used, reserved, in_flight, active, held, own_slot = row
+    return _State(cpu_limit_ms=cpu_seconds * 1000, max_concurrent=max_concurrent, usage_id=usage_id,
+                  cpu_used_ms=used, cpu_reserved_ms=reserved, in_flight=in_flight, active=active,
+                  held=bool(held), own_slot=own_slot if envelope is not None else None)
 
 
 def _lock(*, account_id: int, queue: str) -> None:
@@ -155,8 +164,8 @@ def _dispatch(*, envelope: Envelope, queue: str, day: dt.date) -> Reservation:
 
 def _release(*, account_id: int, queue: str, state: _State, limit: int, day: dt.date) -> int:
     """Send the account's oldest due held jobs into its free slots (each dispatched)."""
-    if state.unreserved_ms <= 0 and state.active:
-        return 0  # they would only be held again until a running job gives budget back
+    if not state.held or (state.unreserved_ms <= 0 and state.active):
+        return 0  # nothing waits, or it would only be held again until a run gives budget back
     released = release_oldest(account_id=account_id, queue=queue, limit=min(limit, state.free_slots))
     for held in released:
         _dispatch(envelope=Envelope(job=held.job, account=account_id, ref=held.ref), queue=queue, day=day)
@@ -311,6 +320,7 @@ def settle(
         if cap_hit and envelope is not None:
             reason, eligible_at = _out_of_budget(state, now) if state.unreserved_ms <= 0 else (DeferReason.BUDGET_RESERVED, now)
             hold(envelope=envelope, queue=queue, reason=reason, eligible_at=eligible_at)
+            state = replace(state, held=True)
         if was_active:
             _release(account_id=account_id, queue=queue, state=state, limit=1, day=day)
     return True
