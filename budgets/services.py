@@ -118,11 +118,19 @@ def _state(*, account_id: int, queue: str, day: dt.date, envelope: Envelope | No
                   held=bool(held), own_slot=own_slot if envelope is not None else None)
 
 
+_LOCK_SQL = f"SELECT 1 FROM {Budget._meta.db_table} WHERE account_id = %s AND queue = %s"
+
+
 def _lock(*, account_id: int, queue: str) -> None:
-    """Lock the account's Budget row on this queue, creating its plan's defaults if it has none."""
-    if not Budget.objects.select_for_update().filter(account_id=account_id, queue=queue).exists():
-        budgets_ensure_defaults(account=Account.objects.get(pk=account_id))
-        Budget.objects.select_for_update().get(account_id=account_id, queue=queue)
+    """Lock the account's Budget row on this queue, creating its plan's defaults if it has none.
+    (SQLite has no row locks: its transactions serialise writers as a whole.)"""
+    sql = _LOCK_SQL + (" FOR UPDATE" if connection.features.has_select_for_update else "")
+    with connection.cursor() as cursor:
+        cursor.execute(sql, [account_id, queue])
+        if cursor.fetchone() is not None:
+            return
+    budgets_ensure_defaults(account=Account.objects.get(pk=account_id))
+    Budget.objects.select_for_update().get(account_id=account_id, queue=queue)
 
 
 def _locked_state(*, account_id: int, queue: str, day: dt.date, envelope: Envelope | None = None) -> _State:
