@@ -120,7 +120,8 @@ def measure_in_process(account_id: int, iterations: int) -> dict:
         connection.ensure_connection()
         connect_ms.append((time.perf_counter() - t0) * 1000)
 
-    # How many connections one chain run opens (starting, like in a worker, with none open) ...
+    # How many connections one chain run opens after django-q2's close_old_connections() (none
+    # when connections persist: CONN_MAX_AGE > 0) ...
     connects = []
     counter = lambda sender, connection, **kw: connects.append(1)  # noqa: E731
     connection_created.connect(counter)
@@ -154,7 +155,8 @@ def measure_in_process(account_id: int, iterations: int) -> dict:
             "chain_execute": len(statements), "admit": len(q_admit.captured_queries),
             "settle": len(q_settle.captured_queries), "admit_at_enqueue": len(q_hold.captured_queries),
         },
-        "connections_per_chain_execute": len(connects),  # the worker starts each task with none open
+        "connections_per_chain_execute": len(connects),  # after django-q2's close_old_connections()
+        "conn_max_age": connection.settings_dict["CONN_MAX_AGE"],
         "chain_statement_log": [s[:160] for s in statements],
     }
 
@@ -380,7 +382,7 @@ def main(argv=None) -> int:
     print(h.render_table(["in-process, one account", "median ms", "p95 ms", "n", "SQL stmts"], ip_rows,
                          right={1, 2, 3, 4}))
     print(f"(one chain run opens {inproc['connections_per_chain_execute']} new database connection(s); "
-          f"CONN_MAX_AGE is 0)")
+          f"CONN_MAX_AGE is {inproc['conn_max_age']})")
     print()
     if args.sample_waits:
         print_db_activity(rounds, args.tasks)

@@ -76,8 +76,13 @@ TEMPLATES = [
 
 # --- Database -------------------------------------------------------------------------------
 DATABASES = {
+    # Persistent connections, checked before reuse: django-q2 calls close_old_connections() around
+    # every task in every worker and in the monitor, which with CONN_MAX_AGE = 0 means a new
+    # database connection per task; the health check also replaces a connection that died while
+    # idle before a task uses it.
     "default": dj_database_url.config(
-        default=f"sqlite:///{VAR_DIR / 'fairshare.sqlite3'}", conn_max_age=0,
+        default=f"sqlite:///{VAR_DIR / 'fairshare.sqlite3'}",
+        conn_max_age=env_int("FAIRSHARE_DB_CONN_MAX_AGE", 60), conn_health_checks=True,
     )
 }
 if DATABASES["default"]["ENGINE"] == "django.db.backends.sqlite3":

@@ -82,9 +82,9 @@ def enqueue_on_commit(*, job: str, account: int | None, ref: str) -> None:
 def close_old_connections() -> None:
     """Close this thread's connections that died or were left unusable; keep healthy ones.
 
-    Not Django's `close_old_connections()`: with CONN_MAX_AGE = 0 (our default) that closes every
-    connection, so a worker paid for a new database connection on every task; and inside a
-    caller's transaction (django-q2 `sync` mode, a test, an on-commit callback run inside an outer
+    Not Django's `close_old_connections()`: that also closes connections past CONN_MAX_AGE
+    (with 0, every one, so a worker paid for a new database connection on every task); and inside
+    a caller's transaction (django-q2 `sync` mode, a test, an on-commit callback run inside an outer
     atomic block) it would close the connection under its caller. A worker between tasks is never
     inside one, and a connection that saw an error is checked and replaced only if it is dead.
     """
