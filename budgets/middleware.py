@@ -68,8 +68,10 @@ class Heartbeat(threading.Thread):
 
     def _tick(self, *, step: int, beat_every: float) -> None:
         budget, now = self.budget, time.monotonic()
-        wanted = self._refill_wanted.is_set()
-        if not budget.exhausted and (wanted or (budget.remaining() < step // 2 and now >= self._next_grow)):
+        wanted, remaining = self._refill_wanted.is_set(), budget.remaining()
+        # Asked, or running low (not again within a second of a refusal while some is left).
+        low = remaining < step // 2 and (now >= self._next_grow or remaining <= 0)
+        if not budget.exhausted and (wanted or low):
             granted = services.reservation_grow(
                 reservation_id=self.reservation_id, cpu_ms=budget.used_ms(), want_ms=step)
             self._next_beat = now + beat_every  # growing renewed the lease too

@@ -145,7 +145,9 @@ def _usage_id(state: _State, *, account_id: int, queue: str, day: dt.date) -> in
     return usage.pk
 
 
-def _hold(*, envelope: Envelope, queue: str, state: _State, day: dt.date, reason: str, eligible_at: dt.datetime) -> None:
+def _hold(
+    *, envelope: Envelope, queue: str, state: _State, day: dt.date, reason: str, eligible_at: dt.datetime,
+) -> None:
     hold(envelope=envelope, queue=queue, reason=reason, eligible_at=eligible_at)
     usage_id = _usage_id(state, account_id=envelope.account, queue=queue, day=day)
     UsageDay.objects.filter(pk=usage_id).update(deferrals=F("deferrals") + 1)
@@ -194,7 +196,8 @@ def admit(*, envelope: Envelope, queue: str, estimate_ms: int, task_run_id: int 
         own = state.own_slot
         if own is None and state.free_slots <= 0:
             # Released as soon as one of the account's runs settles.
-            _hold(envelope=envelope, queue=queue, state=state, day=day, reason=DeferReason.CONCURRENCY_CAP, eligible_at=now)
+            _hold(envelope=envelope, queue=queue, state=state, day=day, reason=DeferReason.CONCURRENCY_CAP,
+                  eligible_at=now)
             return Admission(None, DeferReason.CONCURRENCY_CAP, now)
         if state.unreserved_ms <= 0:
             if own is not None:
@@ -259,9 +262,9 @@ def admit_at_enqueue(*, envelope: Envelope, queue: str) -> bool:
 
 def undispatch(*, envelope: Envelope, queue: str) -> None:
     """The job could not be sent after all (the broker refused it): give its slot back."""
-    pk = (Reservation.objects.filter(account_id=envelope.account, queue=queue, job=envelope.job, ref=envelope.ref,
-                                     status=ReservationStatus.DISPATCHED).order_by("-pk").values_list("pk", flat=True).first())
-    Reservation.objects.filter(pk=pk).delete()
+    dispatched = Reservation.objects.filter(account_id=envelope.account, queue=queue, job=envelope.job,
+                                            ref=envelope.ref, status=ReservationStatus.DISPATCHED)
+    Reservation.objects.filter(pk=dispatched.order_by("-pk").values_list("pk", flat=True).first()).delete()
 
 
 def _lease() -> dt.datetime:
@@ -326,7 +329,10 @@ def settle(
         reservation.delete()
         state = _state(account_id=account_id, queue=queue, day=day)
         if cap_hit and envelope is not None:
-            reason, eligible_at = _out_of_budget(state, now) if state.unreserved_ms <= 0 else (DeferReason.BUDGET_RESERVED, now)
+            if state.unreserved_ms > 0:  # its account's other runs left some: it may go on with that
+                reason, eligible_at = DeferReason.BUDGET_RESERVED, now
+            else:
+                reason, eligible_at = _out_of_budget(state, now)
             hold(envelope=envelope, queue=queue, reason=reason, eligible_at=eligible_at)
             state = replace(state, held=True)
         if was_active:

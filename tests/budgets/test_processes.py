@@ -144,7 +144,8 @@ def test_daily_cap_stops_work_near_the_cap_and_held_work_runs_the_next_budget_da
                   timeout=40, what="the spinning job to hit the daily cap", clusters=[cluster])
 
     spent = usage(account, day=today)
-    assert 2000 <= spent.cpu_used_ms <= 2000 + 1300, spent.cpu_used_ms
+    # Stopped within about a second of the cap (a heartbeat tick, in practice), checked or not.
+    assert 2000 <= spent.cpu_used_ms <= 2000 + 1000, spent.cpu_used_ms
     assert spent.cap_hits == 1 and spent.cpu_reserved_ms == 0
     assert capped.cpu_ms == spent.cpu_used_ms
     # The job that hit the cap waits for the next budget day, and so does the account's new work.

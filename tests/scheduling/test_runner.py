@@ -11,7 +11,7 @@ from django_q.tasks import async_task
 
 from scheduling.models import Outcome, TaskRun
 from scheduling.registry import job
-from scheduling.runtime import RUNNER, execute
+from scheduling.runtime import RUNNER, enqueue, execute
 from tests.conftest import wait_for
 
 pytestmark = pytest.mark.django_db
@@ -265,3 +265,28 @@ def test_a_real_worker_records_unusable_messages_as_rejected_runs_and_stores_no_
              message=f"the broker to acknowledge every task; {diagnosis()}")
     assert not Task.objects.filter(success=False).exists(), diagnosis()
     assert TaskRun.objects.count() == 3, diagnosis()
+
+
+@pytest.mark.processes
+@pytest.mark.django_db(transaction=True)
+def test_a_worker_whose_idle_database_connections_died_runs_its_next_task_normally(account, start_cluster):
+    # A database failover or restart, or a proxy closing idle connections, between two tasks:
+    # persistent connections are checked before reuse and replaced, so no task pays for it.
+    cluster = start_cluster("default", FAIRSHARE_WORKERS="1")  # the same worker runs both tasks
+    enqueue(job="tests.noop", account=account.pk, ref="before")
+    wait_for(lambda: TaskRun.objects.filter(ref="before", outcome=Outcome.SUCCEEDED).exists(), timeout=60,
+             message=f"the first task; worker log:\n{cluster.log()}")
+    time.sleep(0.5)  # the worker, pusher and monitor are idle, their connections kept open
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+                       "WHERE datname = current_database() AND pid <> pg_backend_pid()")
+        assert cursor.fetchall(), "the cluster had no open database connections to kill"
+
+    enqueue(job="tests.noop", account=account.pk, ref="after")
+    wait_for(lambda: TaskRun.objects.filter(ref="after").exclude(outcome=Outcome.RUNNING).exists(), timeout=60,
+             message=f"the second task; worker log:\n{cluster.log()}")
+    assert list(TaskRun.objects.filter(ref="after").values_list("outcome", flat=True)) == [Outcome.SUCCEEDED]
+    assert not Task.objects.filter(success=False).exists()
+    # ...and django-q2's own processes (broker pusher, result monitor) did not trip over theirs.
+    wait_for(lambda: not OrmQ.objects.exists(), timeout=30, message="the result to be acknowledged")
+    assert "Traceback" not in cluster.log(), cluster.log()[-4000:]
