@@ -421,9 +421,11 @@ def reconcile_exports() -> int:
     now = timezone.now()
     stale = now - dt.timedelta(seconds=settings.FAIRSHARE["EXPORT_STALE_AFTER_S"])
     held = DeferredTask.objects.filter(job=BUILD_JOB).values("ref")
-    # Running, or sent and not started for less than the stale time (a slot dispatched earlier
-    # than that whose export is still queued lost its message: re-sending uses the same slot).
-    sent_before_stale = now + dt.timedelta(seconds=settings.FAIRSHARE["DISPATCH_LEASE_S"]) - (now - stale)
+    # Running, or sent less than the stale time ago. A dispatched slot's lease ends DISPATCH_LEASE
+    # after it was sent (or last re-sent); one sent before the stale time whose export is still
+    # queued lost its message, and re-sending goes out on the same slot.
+    sent_before_stale = now + dt.timedelta(
+        seconds=settings.FAIRSHARE["DISPATCH_LEASE_S"] - settings.FAIRSHARE["EXPORT_STALE_AFTER_S"])
     running = (Reservation.objects.filter(job=BUILD_JOB)
                .exclude(status=ReservationStatus.DISPATCHED, lease_expires_at__lt=sent_before_stale).values("ref"))
     lost = (

@@ -57,7 +57,8 @@ def send_on_commit(*, job: str, account: int | None, ref: str) -> None:
 
 def enqueue(*, job: str, account: int | None, ref: str) -> str | None:
     """Submit work: account work that may not run now goes to the holding area instead of the
-    broker (returns None); everything else is sent (returns the django-q2 task id)."""
+    broker (returns None); everything else is sent (returns the django-q2 task id). An account's
+    job on its way to a worker holds one of the account's slots (budgets.services.admit_at_enqueue)."""
     spec = get_job(job)
     if not spec.account_scoped:
         return send(job=job, account=account, ref=ref)
