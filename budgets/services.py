@@ -194,7 +194,11 @@ def admit(*, envelope: Envelope, queue: str, estimate_ms: int, task_run_id: int 
         day = clock.budget_day(now)
         state = _locked_state(account_id=account_id, queue=queue, day=day, envelope=envelope)
         own = state.own_slot
-        if own is None and state.free_slots <= 0:
+        # Without a slot of its own it needs a free one; with one, the cap on running jobs still
+        # holds (two enqueues racing through the lock-free check may have dispatched one too many).
+        if (own is None and state.free_slots <= 0) or state.active >= state.max_concurrent:
+            if own is not None:
+                Reservation.objects.filter(pk=own).delete()
             # Released as soon as one of the account's runs settles.
             _hold(envelope=envelope, queue=queue, state=state, day=day, reason=DeferReason.CONCURRENCY_CAP,
                   eligible_at=now)

@@ -249,3 +249,18 @@ def test_a_job_sent_again_before_it_started_goes_out_on_the_slot_it_holds(accoun
     assert list(Reservation.objects.values_list("ref", "status")) == [("a", ReservationStatus.DISPATCHED)]
     assert not DeferredTask.objects.exists()
     assert [e["ref"] for e in queued_envelopes()] == ["a", "a"]
+
+
+def test_one_slot_too_many_dispatched_by_racing_enqueues_still_runs_one_job_at_a_time(account, budget):
+    # Two requests enqueue at the same moment: both read one free slot without a lock and both
+    # send their job. The cap is on running jobs, and admission (under the lock) enforces it.
+    assert admit_at_enqueue(envelope=envelope(account, "a"), queue="default")
+    Reservation.objects.create(account=account, queue="default", day=clock.budget_day(), job="tests.noop",
+                               ref="b", status=ReservationStatus.DISPATCHED,
+                               lease_expires_at=timezone.now() + dt.timedelta(minutes=5))
+    assert admit(envelope=envelope(account, "a"), queue="default", estimate_ms=10, task_run_id=None,
+                 worker="w").admitted
+    racer = admit(envelope=envelope(account, "b"), queue="default", estimate_ms=10, task_run_id=None, worker="w")
+    assert racer.reason == DeferReason.CONCURRENCY_CAP
+    assert list(Reservation.objects.values_list("ref", "status")) == [("a", ReservationStatus.ACTIVE)]
+    assert DeferredTask.objects.get().ref == "b"
