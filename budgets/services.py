@@ -5,7 +5,7 @@ from dataclasses import dataclass, replace
 from django.conf import settings
 from django.db import connection, transaction
 from django.db.models import F
-from django.db.models.functions import Coalesce, Now
+from django.db.models.functions import Now
 from django.utils import timezone
 
 from budgets import clock
