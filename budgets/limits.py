@@ -93,9 +93,7 @@ def cpu_limit(budget: RunBudget):
         # The kernel checks RLIMIT_CPU against its own tick-sampled CPU time, which can run ahead
         # of the process's real CPU time (by a quarter of a second and more on a VM with steal
         # time), and it raises the soft limit by a second when it signals, so it asks again later.
-        # An early signal, or one for a run that has just finished, is ignored.
-        if budget.finished or budget.remaining() > 0:
-            return
+        # An early signal, or one for a run that has just finished, is ignored (check() returns).
         try:
             budget.check()
         except BudgetExhausted:

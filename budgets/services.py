@@ -161,6 +161,10 @@ def _out_of_budget(state: _State, now: dt.datetime) -> tuple[str, dt.datetime]:
     return DeferReason.BUDGET_EXHAUSTED, clock.next_reset(now)
 
 
+def _lease() -> dt.datetime:
+    return timezone.now() + dt.timedelta(seconds=settings.FAIRSHARE["RESERVATION_LEASE_S"])
+
+
 def _dispatch_lease() -> dt.datetime:
     return timezone.now() + dt.timedelta(seconds=settings.FAIRSHARE["DISPATCH_LEASE_S"])
 
@@ -215,7 +219,7 @@ def admit(*, envelope: Envelope, queue: str, estimate_ms: int, task_run_id: int 
         slot = {
             "status": ReservationStatus.ACTIVE, "day": day, "task_run_id": task_run_id, "worker": worker,
             "cpu_reserved_ms": reserve_ms,
-            "lease_expires_at": timezone.now() + dt.timedelta(seconds=settings.FAIRSHARE["RESERVATION_LEASE_S"]),
+            "lease_expires_at": _lease(),
         }
         if own is not None:
             Reservation.objects.filter(pk=own).update(**slot)
@@ -269,10 +273,6 @@ def undispatch(*, envelope: Envelope, queue: str) -> None:
     dispatched = Reservation.objects.filter(account_id=envelope.account, queue=queue, job=envelope.job,
                                             ref=envelope.ref, status=ReservationStatus.DISPATCHED)
     Reservation.objects.filter(pk=dispatched.order_by("-pk").values_list("pk", flat=True).first()).delete()
-
-
-def _lease() -> dt.datetime:
-    return timezone.now() + dt.timedelta(seconds=settings.FAIRSHARE["RESERVATION_LEASE_S"])
 
 
 def reservation_heartbeat(*, reservation_id: int, cpu_ms: int) -> None:
