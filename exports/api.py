@@ -13,10 +13,8 @@ from exports.models import ExportRecord, ExportStatus
 from exports.selectors import exports_visible_to
 from exports.services import ExportRequestError, export_request
 
-# Unknown account and non-member look the same from outside: don't reveal which accounts exist.
 ERROR_STATUS = {
-    "unknown_account": HTTPStatus.NOT_FOUND,
-    "not_member": HTTPStatus.NOT_FOUND,
+    "unknown_account": HTTPStatus.NOT_FOUND,  # also a non-member's answer (see request_export)
     "not_allowed": HTTPStatus.FORBIDDEN,
     "account_inactive": HTTPStatus.FORBIDDEN,
     "idempotency_key_reused": HTTPStatus.CONFLICT,
@@ -85,7 +83,8 @@ def request_export(request, slug: str):
             source=data["source"], idempotency_key=data["idempotency_key"] or None,
         )
     except ExportRequestError as exc:
-        if exc.code == "not_member":  # answer exactly as for an unknown account (see ERROR_STATUS)
+        if exc.code == "not_member":
+            # Answer exactly as for an unknown account: don't reveal which accounts exist.
             exc = ExportRequestError("unknown_account", f"No account {slug!r}.")
         return error_response(ERROR_STATUS.get(exc.code, HTTPStatus.BAD_REQUEST), exc.code, exc.message)
     return JsonResponse(export_json(record), status=HTTPStatus.ACCEPTED if created else HTTPStatus.OK)

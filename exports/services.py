@@ -420,17 +420,19 @@ def reconcile_exports() -> int:
     many it re-sent. The claim decides what actually runs, so a spare message costs nothing."""
     now = timezone.now()
     stale = now - dt.timedelta(seconds=settings.FAIRSHARE["EXPORT_STALE_AFTER_S"])
-    held = DeferredTask.objects.filter(job=BUILD_JOB).values("ref")
+    held = DeferredTask.objects.filter(job=BUILD_JOB).values_list("ref", flat=True)
     # Running, or sent less than the stale time ago. A dispatched slot's lease ends DISPATCH_LEASE
     # after it was sent (or last re-sent); one sent before the stale time whose export is still
     # queued lost its message, and re-sending goes out on the same slot.
     sent_before_stale = now + dt.timedelta(
         seconds=settings.FAIRSHARE["DISPATCH_LEASE_S"] - settings.FAIRSHARE["EXPORT_STALE_AFTER_S"])
     running = (Reservation.objects.filter(job=BUILD_JOB)
-               .exclude(status=ReservationStatus.DISPATCHED, lease_expires_at__lt=sent_before_stale).values("ref"))
+               .exclude(status=ReservationStatus.DISPATCHED, lease_expires_at__lt=sent_before_stale)
+               .values_list("ref", flat=True))
     lost = (
         ExportRecord.objects.filter(status=ExportStatus.QUEUED, created_at__lt=stale)
-        .exclude(pk__in=[r["ref"] for r in held]).exclude(pk__in=[r["ref"] for r in running])
+        # Refs are text and ids UUIDs: compared in Python, not as a subquery.
+        .exclude(pk__in=[*held, *running])
         | ExportRecord.objects.filter(status=ExportStatus.RUNNING, lease_expires_at__lt=now)
     )
     count = 0

@@ -1,4 +1,4 @@
-"""Helpers shared by the crash and retry tests: report data, and what a user would see."""
+"""Helpers shared by the export tests: report data, and what a user would see."""
 import csv
 import datetime as dt
 import hashlib
@@ -8,8 +8,10 @@ from pathlib import Path
 
 import pytest
 from django.db import connection
+from django.test import Client
 from django.utils import timezone
 
+from budgets.models import ApiToken
 from exports.models import ExportRecord, ExportStatus
 from exports.services import BUILD_JOB
 from scheduling.models import Outcome, TaskRun
@@ -32,6 +34,27 @@ def add_events(account, count: int) -> None:
             """,
             [account.pk, count],
         )
+
+
+def bearer(user) -> dict:
+    """Request headers that authenticate as `user` with a fresh API token."""
+    _, raw = ApiToken.issue(user=user, name="test")
+    return {"HTTP_AUTHORIZATION": f"Bearer {raw}"}
+
+
+def download(user, record: ExportRecord):
+    """Signed in as `user`, follow the export's download link and read the whole file.
+
+    Returns the file's response (closed) and its body."""
+    client = Client()
+    client.force_login(user)
+    link = client.get(f"/api/exports/{record.pk}/download/")
+    assert link.status_code == 302
+    response = client.get(link["Location"])
+    assert response.status_code == 200
+    body = b"".join(response.streaming_content)
+    response.close()
+    return response, body
 
 
 def object_key(record: ExportRecord) -> str:

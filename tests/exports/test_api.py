@@ -9,19 +9,14 @@ from django.middleware.csrf import get_token
 from django.test import Client
 from django_q.models import OrmQ
 
-from budgets.models import ApiToken
 from exports.models import ExportRecord, ExportStatus
 from exports.services import export_request
+from tests.exports.support import bearer
 
 pytestmark = pytest.mark.django_db
 
 URL = "/api/accounts/acme/exports/"
 BODY = {"start": "2026-03-01", "end": "2026-03-31", "format": "csv"}
-
-
-def _bearer(user) -> dict:
-    _, raw = ApiToken.issue(user=user, name="test")
-    return {"HTTP_AUTHORIZATION": f"Bearer {raw}"}
 
 
 def _post(client, url=URL, body=BODY, **headers):
@@ -43,7 +38,7 @@ def _assert_nothing_created():
 
 def test_bearer_token_requests_an_export(account, owner, django_capture_on_commit_callbacks):
     with django_capture_on_commit_callbacks(execute=True):
-        response = _post(Client(), **_bearer(owner))
+        response = _post(Client(), **bearer(owner))
     assert response.status_code == 202
     data = response.json()
     record = ExportRecord.objects.get()
@@ -56,7 +51,7 @@ def test_bearer_token_requests_an_export(account, owner, django_capture_on_commi
 
 
 def test_repeated_idempotency_key_returns_the_same_export(account, owner, django_capture_on_commit_callbacks):
-    client, auth = Client(), _bearer(owner)
+    client, auth = Client(), bearer(owner)
     with django_capture_on_commit_callbacks(execute=True):
         first = _post(client, HTTP_IDEMPOTENCY_KEY="march-report", **auth)
         again = _post(client, HTTP_IDEMPOTENCY_KEY="march-report", **auth)
@@ -67,7 +62,7 @@ def test_repeated_idempotency_key_returns_the_same_export(account, owner, django
 
 
 def test_idempotency_key_reused_for_another_scope_is_a_conflict(account, owner):
-    client, auth = Client(), _bearer(owner)
+    client, auth = Client(), bearer(owner)
     assert _post(client, HTTP_IDEMPOTENCY_KEY="k", **auth).status_code == 202
     response = _post(client, body={**BODY, "end": "2026-03-30"}, HTTP_IDEMPOTENCY_KEY="k", **auth)
     assert response.status_code == 409
@@ -92,7 +87,7 @@ def test_bad_token_is_401(account, owner, header):
 
 
 def test_token_of_an_inactive_user_is_401(account, owner):
-    auth = _bearer(owner)
+    auth = bearer(owner)
     owner.is_active = False
     owner.save()
     assert _post(Client(), **auth).status_code == 401
@@ -102,7 +97,7 @@ def test_token_of_an_inactive_user_is_401(account, owner):
 @pytest.mark.parametrize("body", ['{"start": "2026-03-01",', "not json", '["2026-03-01", "2026-03-31"]', "42",
                                   b"\xff\xfe"])
 def test_malformed_json_is_400(account, owner, body):
-    response = _post(Client(), body=body, **_bearer(owner))
+    response = _post(Client(), body=body, **bearer(owner))
     assert response.status_code == 400
     error = _error(response)
     assert error["code"] == "malformed_json"
@@ -111,7 +106,7 @@ def test_malformed_json_is_400(account, owner, body):
 
 
 def test_malformed_date_is_400_with_field_errors(account, owner):
-    response = _post(Client(), body={**BODY, "start": "2026-13-01"}, **_bearer(owner))
+    response = _post(Client(), body={**BODY, "start": "2026-13-01"}, **bearer(owner))
     assert response.status_code == 400
     error = _error(response)
     assert error["code"] == "invalid"
@@ -121,7 +116,7 @@ def test_malformed_date_is_400_with_field_errors(account, owner):
 
 
 def test_missing_dates_are_400_with_field_errors(account, owner):
-    response = _post(Client(), body={"format": "csv"}, **_bearer(owner))
+    response = _post(Client(), body={"format": "csv"}, **bearer(owner))
     assert response.status_code == 400
     error = _error(response)
     assert error["code"] == "invalid"
@@ -132,7 +127,7 @@ def test_missing_dates_are_400_with_field_errors(account, owner):
 
 @pytest.mark.parametrize("start", [20260301, ["2026-03-01"], {"y": 2026}, True])
 def test_dates_of_the_wrong_json_type_are_400_not_a_crash(account, owner, start):
-    response = _post(Client(), body={**BODY, "start": start}, **_bearer(owner))
+    response = _post(Client(), body={**BODY, "start": start}, **bearer(owner))
     assert response.status_code == 400
     error = _error(response)
     assert error["code"] == "invalid"
@@ -147,14 +142,14 @@ def test_dates_of_the_wrong_json_type_are_400_not_a_crash(account, owner, start)
     ({**BODY, "start": "2024-01-01"}, "range_too_large"),
 ])
 def test_scope_errors_are_400_with_the_services_code(account, owner, body, code):
-    response = _post(Client(), body=body, **_bearer(owner))
+    response = _post(Client(), body=body, **bearer(owner))
     assert response.status_code == 400
     assert _error(response)["code"] == code
     _assert_nothing_created()
 
 
 def test_non_member_and_unknown_account_are_indistinguishable_404s(account, other_account, outsider):
-    client, auth = Client(), _bearer(outsider)
+    client, auth = Client(), bearer(outsider)
     not_member = _post(client, url="/api/accounts/acme/exports/", **auth)
     unknown = _post(client, url="/api/accounts/initech/exports/", **auth)
     assert (not_member.status_code, unknown.status_code) == (404, 404)
@@ -167,7 +162,7 @@ def test_non_member_and_unknown_account_are_indistinguishable_404s(account, othe
 
 
 def test_viewer_is_403(account, viewer):
-    response = _post(Client(), **_bearer(viewer))
+    response = _post(Client(), **bearer(viewer))
     assert response.status_code == 403
     assert _error(response)["code"] == "not_allowed"
     _assert_nothing_created()
@@ -176,7 +171,7 @@ def test_viewer_is_403(account, viewer):
 def test_inactive_account_is_403_for_its_members(account, owner):
     account.is_active = False
     account.save()
-    response = _post(Client(), **_bearer(owner))
+    response = _post(Client(), **bearer(owner))
     assert response.status_code == 403
     assert _error(response)["code"] == "account_inactive"
     _assert_nothing_created()
@@ -211,7 +206,7 @@ def test_session_with_a_wrong_csrf_token_is_rejected(account, owner):
 
 
 def test_get_is_not_allowed_on_the_request_endpoint(account, owner):
-    assert Client().get(URL, **_bearer(owner)).status_code == 405
+    assert Client().get(URL, **bearer(owner)).status_code == 405
 
 
 # --- GET /api/exports/<id>/ and /download/ ----------------------------------------------------
@@ -223,7 +218,7 @@ def queued_export(account, owner):
 
 
 def test_member_sees_the_export_status(queued_export, viewer):
-    response = Client().get(f"/api/exports/{queued_export.pk}/", **_bearer(viewer))
+    response = Client().get(f"/api/exports/{queued_export.pk}/", **bearer(viewer))
     assert response.status_code == 200
     data = response.json()
     assert data["id"] == str(queued_export.pk)
@@ -239,7 +234,7 @@ def test_member_sees_the_export_status_through_the_session(queued_export, owner)
 
 
 def test_another_accounts_member_gets_404_for_the_export(queued_export, outsider):
-    client, auth = Client(), _bearer(outsider)
+    client, auth = Client(), bearer(outsider)
     for url in (f"/api/exports/{queued_export.pk}/", f"/api/exports/{queued_export.pk}/download/"):
         response = client.get(url, **auth)
         assert response.status_code == 404
@@ -247,7 +242,7 @@ def test_another_accounts_member_gets_404_for_the_export(queued_export, outsider
 
 
 def test_someone_elses_export_looks_like_a_missing_one(queued_export, outsider):
-    client, auth = Client(), _bearer(outsider)
+    client, auth = Client(), bearer(outsider)
     theirs = client.get(f"/api/exports/{queued_export.pk}/", **auth)
     missing = client.get("/api/exports/00000000-0000-0000-0000-000000000000/", **auth)
     assert theirs.status_code == missing.status_code == 404
@@ -261,7 +256,7 @@ def test_export_status_needs_authentication(queued_export):
 
 
 def test_download_of_a_queued_export_is_409_not_ready(queued_export, owner):
-    response = Client().get(f"/api/exports/{queued_export.pk}/download/", **_bearer(owner))
+    response = Client().get(f"/api/exports/{queued_export.pk}/download/", **bearer(owner))
     assert response.status_code == 409
     error = _error(response)
     assert error["code"] == "not_ready"

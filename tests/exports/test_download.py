@@ -15,11 +15,12 @@ from django.core import signing
 from django.test import Client
 
 from budgets.metering import Meter
-from budgets.models import ApiToken, Membership
+from budgets.models import Membership
 from exports import storage
 from exports.models import ExportStatus
 from exports.services import export_build, export_request
 from scheduling.models import Outcome
+from tests.exports.support import bearer, download
 from tests.factories import ActivityEventFactory
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -46,13 +47,8 @@ def _published(record) -> bytes:
         return f.read()
 
 
-def _bearer(user) -> dict:
-    _, raw = ApiToken.issue(user=user, name="test")
-    return {"HTTP_AUTHORIZATION": f"Bearer {raw}"}
-
-
 def _link(record, user) -> str:
-    response = Client().get(f"/api/exports/{record.pk}/download/", **_bearer(user))
+    response = Client().get(f"/api/exports/{record.pk}/download/", **bearer(user))
     assert response.status_code == 302
     assert response["Location"].startswith("/api/exports/file/")
     return response["Location"]
@@ -68,15 +64,7 @@ def _fetch(url: str):
 
 
 def test_member_downloads_exactly_the_published_file(succeeded_export, owner):
-    client = Client()
-    client.force_login(owner)
-    link = client.get(f"/api/exports/{succeeded_export.pk}/download/")
-    assert link.status_code == 302
-
-    response = client.get(link["Location"])
-    assert response.status_code == 200
-    body = b"".join(response.streaming_content)
-    response.close()
+    response, body = download(owner, succeeded_export)
     assert body == _published(succeeded_export)
     assert hashlib.sha256(body).hexdigest() == succeeded_export.checksum_sha256
     assert len(body) == succeeded_export.byte_size
@@ -91,7 +79,7 @@ def test_member_downloads_exactly_the_published_file(succeeded_export, owner):
 
 
 def test_status_json_links_to_the_download_once_succeeded(succeeded_export, viewer):
-    data = Client().get(f"/api/exports/{succeeded_export.pk}/", **_bearer(viewer)).json()
+    data = Client().get(f"/api/exports/{succeeded_export.pk}/", **bearer(viewer)).json()
     assert (data["status"], data["row_count"], data["progress_percent"]) == ("succeeded", 2, 100)
     assert data["checksum_sha256"] == succeeded_export.checksum_sha256
     assert data["links"]["download"] == f"/api/exports/{succeeded_export.pk}/download/"
@@ -120,7 +108,7 @@ def test_link_dies_with_the_users_membership(succeeded_export, account, owner):
     Membership.objects.filter(user=owner, account=account).delete()
     assert _fetch(link).status_code == 404
     # ...and no new link is handed out either.
-    assert Client().get(f"/api/exports/{succeeded_export.pk}/download/", **_bearer(owner)).status_code == 404
+    assert Client().get(f"/api/exports/{succeeded_export.pk}/download/", **bearer(owner)).status_code == 404
 
 
 def test_link_dies_when_the_user_is_deactivated(succeeded_export, owner):
@@ -143,7 +131,7 @@ def test_tampered_or_forged_link_is_404(succeeded_export, owner):
 
 
 def test_another_accounts_member_cannot_get_a_link(succeeded_export, outsider):
-    response = Client().get(f"/api/exports/{succeeded_export.pk}/download/", **_bearer(outsider))
+    response = Client().get(f"/api/exports/{succeeded_export.pk}/download/", **bearer(outsider))
     assert response.status_code == 404
     assert response.json()["error"]["code"] == "not_found"
 

@@ -6,12 +6,11 @@ import io
 from decimal import Decimal
 
 import pytest
-from django.test import Client
 
 from exports.models import ExportRecord, ExportStatus
 from exports.services import export_request
 from scheduling.models import Outcome, TaskRun
-from tests.conftest import wait_for
+from tests.exports.support import download, wait_finished, wait_runs_settled
 from tests.factories import ActivityEventFactory
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.processes]
@@ -39,20 +38,10 @@ def test_export_runs_through_a_real_worker_and_downloads_exactly_the_accounts_ra
     )
     assert created
 
-    def finished():
-        record.refresh_from_db()
-        return record.is_finished
-
-    wait_for(finished, timeout=60, message=f"export to finish; worker log:\n{cluster.log()}")
+    wait_finished(record, cluster)  # on a timeout, fails with the worker's log as it is then
     assert record.status == ExportStatus.SUCCEEDED, (record.error_class, record.error_message, cluster.log())
 
-    client = Client()
-    client.force_login(owner)
-    link = client.get(f"/api/exports/{record.pk}/download/")
-    assert link.status_code == 302
-    response = client.get(link["Location"])
-    assert response.status_code == 200
-    body = b"".join(response.streaming_content)
+    _, body = download(owner, record)
 
     rows = list(csv.reader(io.StringIO(body.decode())))
     assert rows[0] == ["occurred_at", "actor_email", "event_type", "amount", "description"]
@@ -67,10 +56,8 @@ def test_export_runs_through_a_real_worker_and_downloads_exactly_the_accounts_ra
     assert record.output_key == f"exports/{account.pk}/{record.pk}.csv"
 
     # The export is complete before the runner finishes writing its TaskRun: wait for that too.
-    run = wait_for(
-        lambda: TaskRun.objects.filter(job="exports.build", ref=str(record.pk)).exclude(outcome=Outcome.RUNNING).first(),
-        timeout=30, message="the task run to be recorded",
-    )
+    wait_runs_settled(record, cluster)
+    run = TaskRun.objects.get(job="exports.build", ref=str(record.pk))
     assert run.outcome == Outcome.SUCCEEDED, (run.error_class, run.error_message)
     assert run.items == 3 and run.account_id == account.pk
     attempt = record.attempts.get()

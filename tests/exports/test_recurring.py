@@ -14,6 +14,7 @@ from budgets.models import Account, Budget, Membership, UsageDay
 from exports.models import ExportRecord, ExportSchedule, ExportStatus, SchedulePeriod
 from exports.services import run_export_schedules, schedule_period
 from scheduling.models import DeferReason, DeferredTask
+from scheduling.runtime import enqueue
 
 pytestmark = pytest.mark.django_db
 
@@ -164,6 +165,7 @@ def test_a_recurring_export_of_an_account_over_budget_waits_in_the_holding_area(
     assert held.eligible_at == clock.next_reset()
     assert not OrmQ.objects.exists()
     # The default queue's budget is separate: small work of the same account is not held.
+    assert enqueue(job="tests.noop", account=account.pk, ref="small") is not None
     assert not DeferredTask.objects.filter(queue="default").exists()
 
 

@@ -106,14 +106,25 @@ def test_database_connection_dropped_mid_export_is_retried_and_succeeds(
     assert not DeferredTask.objects.exists()
 
 
-def test_storage_failing_twice_is_retried_then_succeeds(
-    account, owner, export_root, mail_dir, start_exports, tmp_path,
-):
-    failures = tmp_path / "storage-failures"
-    failures.write_text("2")
-    add_events(account, 300)
-    cluster = start_exports(FAIRSHARE_EXPORTS_STORAGE_BACKEND=FLAKY_STORAGE, **{FAILURES_ENV: str(failures)})
-    record, _ = export_request(account_slug="acme", user=owner, **RANGE)
+@pytest.fixture
+def export_with_flaky_storage(account, owner, start_exports, tmp_path):
+    """Request a 300-row export from a cluster whose storage fails its next `failures` saves.
+
+    Returns the export, the cluster, and the file counting the failures still to come."""
+
+    def start(*, failures: int):
+        remaining = tmp_path / "storage-failures"
+        remaining.write_text(str(failures))
+        add_events(account, 300)
+        cluster = start_exports(FAIRSHARE_EXPORTS_STORAGE_BACKEND=FLAKY_STORAGE, **{FAILURES_ENV: str(remaining)})
+        record, _ = export_request(account_slug="acme", user=owner, **RANGE)
+        return record, cluster, remaining
+
+    return start
+
+
+def test_storage_failing_twice_is_retried_then_succeeds(export_root, mail_dir, export_with_flaky_storage):
+    record, cluster, failures = export_with_flaky_storage(failures=2)
 
     wait_finished(record, cluster, timeout=60)
     assert wait_runs_settled(record, cluster) == [Outcome.RETRYING, Outcome.RETRYING, Outcome.SUCCEEDED]
@@ -128,13 +139,9 @@ def test_storage_failing_twice_is_retried_then_succeeds(
 
 
 def test_storage_failing_past_the_attempt_limit_fails_and_stays_inspectable(
-    account, owner, export_root, mail_dir, start_exports, tmp_path,
+    export_root, mail_dir, export_with_flaky_storage,
 ):
-    failures = tmp_path / "storage-failures"
-    failures.write_text("100")
-    add_events(account, 300)
-    cluster = start_exports(FAIRSHARE_EXPORTS_STORAGE_BACKEND=FLAKY_STORAGE, **{FAILURES_ENV: str(failures)})
-    record, _ = export_request(account_slug="acme", user=owner, **RANGE)
+    record, cluster, failures = export_with_flaky_storage(failures=100)
 
     # Back-off with full jitter: at most 2 + 4 + 8 + 16 s between the five attempts.
     wait_finished(record, cluster, timeout=90)
