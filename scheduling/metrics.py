@@ -9,6 +9,7 @@ import datetime as dt
 from django.db.models import Count, Min, Sum
 from django.utils import timezone
 from django_q.brokers import get_broker
+from django_q.brokers.orm import ORM
 from django_q.models import OrmQ
 from django_q.signing import SignedPackage
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
@@ -16,12 +17,21 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from budgets import clock
 from budgets.models import Budget, Queue, UsageDay
 from exports.models import ExportRecord, ExportStatus
-from scheduling.models import DeferredTask, TaskRun, TaskRunDaily, WorkerHeartbeat
+from scheduling.models import DeferredTask, Outcome, TaskRun, TaskRunDaily, WorkerHeartbeat
+
+# Counter family suffix -> (the TaskRun / TaskRunDaily field it sums, help text).
+TASK_SECONDS = {
+    "cpu": ("cpu_ms", "Process CPU time of task runs"),
+    "db_wait": ("db_wait_ms", "Time waiting on the database"),
+    "storage_wait": ("storage_wait_ms", "Time waiting on export storage"),
+    "wall": ("wall_ms", "Wall time of task runs"),
+}
+FAILURE_OUTCOMES = (Outcome.FAILED, Outcome.RETRYING, Outcome.LOST, Outcome.REJECTED)
 
 
 def _oldest_enqueued_at(queue: str, broker) -> dt.datetime | None:
     """When the oldest message still waiting in `queue` was enqueued (ORM and Redis brokers)."""
-    if broker.__class__.__name__ == "ORM":
+    if isinstance(broker, ORM):  # also the FifoORM subclass configured in settings
         row = OrmQ.objects.filter(key=queue).order_by("id").values_list("payload", flat=True).first()
     elif broker.__class__.__name__ == "Redis":
         row = broker.connection.lindex(broker.list_key, 0)
@@ -67,11 +77,8 @@ class FairshareCollector:
 
         # Totals over live task runs plus the daily roll-ups of pruned ones: monotonic counters.
         totals: dict[tuple[str, str], dict[str, int]] = {}
-        sums = {"runs": Count("pk"), "cpu": Sum("cpu_ms"), "db": Sum("db_wait_ms"), "storage": Sum("storage_wait_ms"),
-                "wall": Sum("wall_ms"), "items": Sum("items")}
-        daily = {"runs": Sum("runs"), "cpu": Sum("cpu_ms"), "db": Sum("db_wait_ms"), "storage": Sum("storage_wait_ms"),
-                 "wall": Sum("wall_ms"), "items": Sum("items")}
-        for qs, aggregates in ((TaskRun.objects, sums), (TaskRunDaily.objects, daily)):
+        for qs, count_runs in ((TaskRun.objects, Count("pk")), (TaskRunDaily.objects, Sum("runs"))):
+            aggregates = {"runs": count_runs, **{name: Sum(f) for name, (f, _) in TASK_SECONDS.items()}}
             for row in qs.values("job", "outcome").annotate(**aggregates).order_by():
                 bucket = totals.setdefault((row["job"], row["outcome"]), dict.fromkeys(aggregates, 0))
                 for k in aggregates:
@@ -81,22 +88,19 @@ class FairshareCollector:
                                        labels=["job", "outcome"])
         seconds = {
             name: CounterMetricFamily(f"fairshare_task_{name}_seconds", help_, labels=["job"])
-            for name, help_ in (("cpu", "Process CPU time of task runs"), ("db_wait", "Time waiting on the database"),
-                                ("storage_wait", "Time waiting on export storage"), ("wall", "Wall time of task runs"))
+            for name, (_, help_) in TASK_SECONDS.items()
         }
         per_job: dict[str, dict[str, int]] = {}
         for (job, outcome), b in sorted(totals.items()):
             runs.add_metric([job, outcome], b["runs"])
-            if outcome in ("failed", "retrying", "lost", "rejected"):
+            if outcome in FAILURE_OUTCOMES:
                 failures.add_metric([job, outcome], b["runs"])
-            acc = per_job.setdefault(job, {"cpu": 0, "db": 0, "storage": 0, "wall": 0})
+            acc = per_job.setdefault(job, dict.fromkeys(TASK_SECONDS, 0))
             for k in acc:
                 acc[k] += b[k]
         for job, acc in per_job.items():
-            seconds["cpu"].add_metric([job], acc["cpu"] / 1000)
-            seconds["db_wait"].add_metric([job], acc["db"] / 1000)
-            seconds["storage_wait"].add_metric([job], acc["storage"] / 1000)
-            seconds["wall"].add_metric([job], acc["wall"] / 1000)
+            for name, total_ms in acc.items():
+                seconds[name].add_metric([job], total_ms / 1000)
         yield runs
         yield failures
         yield from seconds.values()

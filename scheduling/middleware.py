@@ -7,7 +7,6 @@
 import datetime as dt
 import logging
 
-
 from budgets import clock
 from budgets.limits import BudgetExhausted
 from scheduling import envelope as contract
@@ -69,9 +68,11 @@ class RunRecordingMiddleware:
 
     def _finish(self, ctx, error: BaseException | None) -> None:
         error = error or ctx.error
-        outcome = ctx.outcome or (Outcome.FAILED if error is not None else Outcome.SUCCEEDED)
-        if error is not None and outcome not in (Outcome.RETRYING, Outcome.FAILED):
-            outcome = Outcome.FAILED
+        if error is None:
+            outcome = ctx.outcome or Outcome.SUCCEEDED
+        else:
+            # A failure classified for retry stays "retrying"; any other failure is "failed".
+            outcome = Outcome.RETRYING if ctx.outcome == Outcome.RETRYING else Outcome.FAILED
         close_old_connections()
         services.task_run_finish(run=ctx.run, outcome=outcome, meter=ctx.meter, items=ctx.items, error=error)
         logger.info(

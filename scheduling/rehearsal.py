@@ -217,7 +217,6 @@ class Cluster:
     def __init__(self, queue: str, env: dict[str, str], log_path: Path):
         if queue != "default":
             env = {**env, "Q_CLUSTER_NAME": queue}
-        self.queue = queue
         self.log_path = log_path
         self._log = open(log_path, "wb")
         self.proc = subprocess.Popen(

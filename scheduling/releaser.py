@@ -30,7 +30,6 @@ def _loop(interval: float, queue: str) -> None:
 
     every = settings.FAIRSHARE["WORKER_HEARTBEAT_S"]
     last_beat = 0.0
-    stop = threading.Event()
     while True:
         try:
             close_old_connections()
@@ -41,8 +40,7 @@ def _loop(interval: float, queue: str) -> None:
         except Exception as exc:  # the database may be away for a moment; try again next tick
             logger.warning("worker pulse failed", extra={"error_class": type(exc).__name__})
             connections.close_all()
-        if stop.wait(interval):
-            return
+        time.sleep(interval)
 
 
 def start_releaser(**kwargs) -> None:

@@ -5,13 +5,12 @@ Terminal: it will not (unauthorised, unsupported input, a broken contract) — a
 we have not classified: retrying the unknown only multiplies load.
 """
 import random
-import socket
 from dataclasses import dataclass
 
 from django.db import InterfaceError, OperationalError
 
 TRANSIENT: tuple[type[BaseException], ...] = (
-    OperationalError, InterfaceError, ConnectionError, TimeoutError, socket.timeout,
+    OperationalError, InterfaceError, ConnectionError, TimeoutError,  # socket.timeout is TimeoutError
 )
 try:  # S3 through django-storages
     from botocore.exceptions import ConnectionError as BotoConnectionError

@@ -93,10 +93,7 @@ def release_oldest(*, account_id: int, queue: str, limit: int) -> list[DeferredT
         .filter(account_id=account_id, queue=queue, eligible_at__lte=clock.now())
         .order_by("created_at", "id")[:limit]
     )
-    for held in due:
-        held.delete()
-        # Sent straight to the broker: admission checks it again when it starts.
-        send_on_commit(job=held.job, account=held.account_id, ref=held.ref)
+    _send_back(due)
     return due
 
 
@@ -104,10 +101,16 @@ def release_now(*, deferred_ids: list[int]) -> int:
     """An operator's release: back to the broker now, whatever the reason it was held."""
     with transaction.atomic():
         held = list(DeferredTask.objects.select_for_update(skip_locked=True).filter(pk__in=deferred_ids))
-        for task in held:
-            task.delete()
-            send_on_commit(job=task.job, account=task.account_id, ref=task.ref)
+        _send_back(held)
     return len(held)
+
+
+def _send_back(held: list[DeferredTask]) -> None:
+    """Take locked rows out of the holding area and ring the doorbell once the caller commits."""
+    DeferredTask.objects.filter(pk__in=[task.pk for task in held]).delete()
+    for task in held:
+        # Sent straight to the broker: admission checks it again when it starts.
+        send_on_commit(job=task.job, account=task.account_id, ref=task.ref)
 
 
 # --- Maintenance -----------------------------------------------------------------------------

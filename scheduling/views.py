@@ -1,4 +1,5 @@
 """Operations endpoints: /metrics (Prometheus text) and /healthz."""
+import datetime as dt
 import ipaddress
 import uuid
 from http import HTTPStatus
@@ -16,6 +17,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_l
 from budgets.models import Queue
 from exports.storage import export_storage
 from scheduling.metrics import FairshareCollector
+from scheduling.models import WorkerHeartbeat
 
 
 def _metrics_allowed(request) -> bool:
@@ -52,10 +54,8 @@ def _check_database() -> str | None:
 
 
 def _check_workers() -> dict[str, str | None]:
-    from scheduling.models import WorkerHeartbeat
-
     max_age = settings.FAIRSHARE["HEALTH_HEARTBEAT_MAX_AGE_S"]
-    since = timezone.now() - timezone.timedelta(seconds=max_age)
+    since = timezone.now() - dt.timedelta(seconds=max_age)
     try:
         alive = set(WorkerHeartbeat.objects.filter(seen_at__gte=since).values_list("queue", flat=True))
     except Exception as exc:

@@ -122,6 +122,14 @@ def test_purge_of_an_export_whose_file_is_already_gone_still_removes_the_record(
 
 # --- Rolling up task runs -------------------------------------------------------------------
 
+def daily_sums() -> dict[tuple, list[int]]:
+    return {
+        (d.day, d.account_id, d.job, d.queue, d.outcome): [d.runs, d.cpu_ms, d.wall_ms, d.db_wait_ms,
+                                                            d.storage_wait_ms, d.items]
+        for d in TaskRunDaily.objects.all()
+    }
+
+
 def seed_task_runs(account, other_account) -> list[TaskRun]:
     now = timezone.now()
     spec = [
@@ -155,7 +163,7 @@ def test_rollup_folds_old_runs_into_daily_sums_and_keeps_recent_and_unfinished_o
                                     cpu_ms=1, wall_ms=1, items=1)
     stuck = TaskRun.objects.create(account=account, job="exports.build", queue="exports", ref="stuck",
                                    started_at=timezone.now() - dt.timedelta(days=30))  # still "running"
-    expected = defaultdict(lambda: [0] * 7)
+    expected = defaultdict(lambda: [0] * 6)
     for r in old:
         key = (r.started_at.astimezone(dt.UTC).date(), r.account_id, r.job, r.queue, r.outcome)
         for i, v in enumerate((1, r.cpu_ms, r.wall_ms, r.db_wait_ms, r.storage_wait_ms, r.items)):
@@ -164,12 +172,8 @@ def test_rollup_folds_old_runs_into_daily_sums_and_keeps_recent_and_unfinished_o
     run = run_job("scheduling.rollup_task_runs")
 
     assert (run.outcome, run.items) == (Outcome.SUCCEEDED, len(old))
-    daily = {
-        (d.day, d.account_id, d.job, d.queue, d.outcome): [d.runs, d.cpu_ms, d.wall_ms, d.db_wait_ms,
-                                                            d.storage_wait_ms, d.items]
-        for d in TaskRunDaily.objects.all()
-    }
-    assert daily == {k: v[:6] for k, v in expected.items()}
+    daily = daily_sums()
+    assert daily == expected
     # Sums over everything equal the originals.
     assert sum(v[0] for v in daily.values()) == len(old)
     assert sum(v[1] for v in daily.values()) == sum(r.cpu_ms for r in old)
@@ -179,9 +183,7 @@ def test_rollup_folds_old_runs_into_daily_sums_and_keeps_recent_and_unfinished_o
     # Idempotent: nothing left to fold, the sums stay.
     again = run_job("scheduling.rollup_task_runs")
     assert (again.outcome, again.items) == (Outcome.SUCCEEDED, 0)
-    assert {(d.day, d.account_id, d.job, d.queue, d.outcome): [d.runs, d.cpu_ms, d.wall_ms, d.db_wait_ms,
-                                                               d.storage_wait_ms, d.items]
-            for d in TaskRunDaily.objects.all()} == daily
+    assert daily_sums() == daily
 
 
 def test_rollup_adds_to_an_existing_day_instead_of_overwriting_it(account, other_account):

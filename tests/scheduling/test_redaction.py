@@ -34,6 +34,7 @@ def test_credentials_in_connection_urls_are_removed_but_the_host_stays(text, sec
 @pytest.mark.parametrize(
     ("text", "secret"),
     [
+        # Password, token and key assignments.
         pytest.param("connection failed: host=db user=app password=hunter2 dbname=prod", "hunter2", id="dsn"),
         pytest.param("PASSWORD: hunter2", "hunter2", id="colon-uppercase"),
         pytest.param("passwd=hunter2;", "hunter2", id="passwd"),
@@ -47,24 +48,20 @@ def test_credentials_in_connection_urls_are_removed_but_the_host_stays(text, sec
         pytest.param("DB_PASSWORD=hunter2 is not set correctly", "hunter2", id="env-var"),
         pytest.param("client_secret: 8c1f0e6a-secret", "8c1f0e6a", id="client-secret"),
         pytest.param("aws_secret_access_key=wJalrXUtnFEMI/K7MDENG", "wJalrXUtnFEMI", id="aws-key"),
-    ],
-)
-def test_password_and_token_assignments_are_removed(text, secret):
-    redacted = redact(text)
-
-    assert secret not in redacted
-    assert "***" in redacted
-
-
-@pytest.mark.parametrize(
-    ("text", "secret"),
-    [
+        # Bearer tokens and Authorization headers.
         pytest.param("401 for Bearer eyJhbGciOiJIUzI1NiJ9.eyJzdWIiOiIxIn0.c2lnbmF0dXJl", "eyJhbGci", id="bearer"),
         pytest.param("sent Authorization: Bearer fs_live_Q2xvdWQ", "fs_live_Q2xvdWQ", id="authorization-bearer"),
         pytest.param("sent Authorization: Basic dXNlcjpwYXNzd29yZA== to proxy", "dXNlcjpwYXNzd29yZA", id="basic"),
+        # Long digit runs: card, phone and account numbers.
+        pytest.param("card 4111111111111111 declined", "4111111111111111", id="card"),
+        pytest.param("call 0612345678 back", "0612345678", id="phone"),
+        pytest.param("IBAN account 1234567", "1234567", id="seven-digits"),
+        pytest.param("card 4111 1111 1111 1111 declined", "1111 1111", id="card-in-groups"),
+        pytest.param("card 4111-1111-1111-1111 declined", "1111-1111", id="card-with-dashes"),
+        pytest.param("amex 3782-822463-10005 declined", "822463", id="amex-groups"),
     ],
 )
-def test_bearer_and_authorization_credentials_are_removed(text, secret):
+def test_credentials_and_long_numbers_are_removed(text, secret):
     redacted = redact(text)
 
     assert secret not in redacted
@@ -73,7 +70,7 @@ def test_bearer_and_authorization_credentials_are_removed(text, secret):
 
 @pytest.mark.parametrize(
     "email",
-    ["bob@example.com", "alice.smith+invoices@mail.example.co.uk", "O'Brien@example.ie".replace("'", "")],
+    ["bob@example.com", "alice.smith+invoices@mail.example.co.uk", "OBrien@example.ie"],
 )
 def test_email_addresses_are_removed(email):
     redacted = redact(f"could not notify {email} about the export")
@@ -105,24 +102,6 @@ def test_single_quoted_literals_are_removed():
 
     assert "Carol" not in redacted
     assert redacted.count("'***'") == 2
-
-
-@pytest.mark.parametrize(
-    ("text", "secret"),
-    [
-        pytest.param("card 4111111111111111 declined", "4111111111111111", id="card"),
-        pytest.param("call 0612345678 back", "0612345678", id="phone"),
-        pytest.param("IBAN account 1234567", "1234567", id="seven-digits"),
-        pytest.param("card 4111 1111 1111 1111 declined", "1111 1111", id="card-in-groups"),
-        pytest.param("card 4111-1111-1111-1111 declined", "1111-1111", id="card-with-dashes"),
-        pytest.param("amex 3782-822463-10005 declined", "822463", id="amex-groups"),
-    ],
-)
-def test_long_digit_runs_are_removed(text, secret):
-    redacted = redact(text)
-
-    assert secret not in redacted
-    assert "***" in redacted
 
 
 def test_short_numbers_and_identifiers_that_help_diagnosis_are_kept():
