@@ -1,7 +1,7 @@
 from django.contrib import admin, messages
-from django.utils import timezone
 from django.utils.timesince import timeuntil
 
+from budgets import clock
 from budgets.admin import ReadOnlyAdmin
 from scheduling.models import DeferredTask, TaskRun, TaskRunDaily, WorkerHeartbeat
 from scheduling.services import release_now
@@ -30,9 +30,10 @@ class DeferredTaskAdmin(ReadOnlyAdmin):
 
     @admin.display(description="ETA")
     def eta(self, obj):
-        if obj.eligible_at <= timezone.now():
+        now = clock.now()  # held work's times are on the budget clock
+        if obj.eligible_at <= now:
             return "when a slot frees"
-        return f"in {timeuntil(obj.eligible_at)}"
+        return f"in {timeuntil(obj.eligible_at, now)}"
 
     @admin.action(description="Release now (back to the queue)")
     def release(self, request, queryset):

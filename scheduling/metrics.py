@@ -6,6 +6,7 @@ construction; prometheus-client's multiprocess mode is not needed).
 """
 import datetime as dt
 
+from django.conf import settings
 from django.db.models import Count, Min, Sum
 from django.utils import timezone
 from django_q.brokers import get_broker
@@ -127,8 +128,17 @@ class FairshareCollector:
             by_status.add_metric([row["status"]], row["n"])
         yield by_status
 
-        alive = GaugeMetricFamily("fairshare_workers_alive", "Workers heard from in the last minute", labels=["queue"])
-        since = timezone.now() - dt.timedelta(seconds=60)
-        for row in WorkerHeartbeat.objects.filter(seen_at__gte=since).values("queue").annotate(n=Count("pk")).order_by():
-            alive.add_metric([row["queue"]], row["n"])
+        alive = GaugeMetricFamily(
+            "fairshare_workers_alive",
+            f"Workers heard from in the last {settings.FAIRSHARE['HEALTH_HEARTBEAT_MAX_AGE_S']} s", labels=["queue"])
+        for queue, n in live_workers().items():
+            alive.add_metric([queue], n)
         yield alive
+
+
+def live_workers() -> dict[str, int]:
+    """Worker processes per queue heard from within FAIRSHARE["HEALTH_HEARTBEAT_MAX_AGE_S"]
+    (what /healthz and /metrics both call alive)."""
+    since = timezone.now() - dt.timedelta(seconds=settings.FAIRSHARE["HEALTH_HEARTBEAT_MAX_AGE_S"])
+    rows = WorkerHeartbeat.objects.filter(seen_at__gte=since).values("queue").annotate(n=Count("pk")).order_by()
+    return {row["queue"]: row["n"] for row in rows}

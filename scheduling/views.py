@@ -1,5 +1,4 @@
 """Operations endpoints: /metrics (Prometheus text) and /healthz."""
-import datetime as dt
 import ipaddress
 import uuid
 from http import HTTPStatus
@@ -8,7 +7,6 @@ from django.conf import settings
 from django.core.files.base import ContentFile
 from django.db import connection
 from django.http import HttpResponse, JsonResponse
-from django.utils import timezone
 from django.utils.crypto import constant_time_compare
 from django.views.decorators.cache import never_cache
 from django.views.decorators.http import require_GET
@@ -16,8 +14,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_l
 
 from budgets.models import Queue
 from exports.storage import export_storage
-from scheduling.metrics import FairshareCollector
-from scheduling.models import WorkerHeartbeat
+from scheduling.metrics import FairshareCollector, live_workers
 
 
 def _metrics_allowed(request) -> bool:
@@ -55,9 +52,8 @@ def _check_database() -> str | None:
 
 def _check_workers() -> dict[str, str | None]:
     max_age = settings.FAIRSHARE["HEALTH_HEARTBEAT_MAX_AGE_S"]
-    since = timezone.now() - dt.timedelta(seconds=max_age)
     try:
-        alive = set(WorkerHeartbeat.objects.filter(seen_at__gte=since).values_list("queue", flat=True))
+        alive = live_workers()
     except Exception as exc:
         return {q: f"unknown ({type(exc).__name__})" for q in Queue.values}
     return {q: None if q in alive else f"no worker heard from in {max_age} s" for q in Queue.values}
