@@ -271,14 +271,7 @@ def parse_args(argv=None):
 
 def main(argv=None) -> int:
     args = parse_args(argv)
-    h.install_cleanup()
-    db_url = h.bench_database_url(args.db_name)
-    h.configure_environment(db_url)
-    h.ensure_database(db_url, fresh=args.fresh)
-    if args.drop:
-        h._cleanups.insert(0, lambda: h.drop_database(db_url))
-    h.migrate()
-    h.setup_django()
+    db_url = h.prepare(args.db_name, fresh=args.fresh, drop=args.drop)
     from django.db import close_old_connections
 
     info = h.machine_info(db_url)
@@ -392,14 +385,11 @@ def main(argv=None) -> int:
     g = results["goals"]["ratio"]
     print(f"{'PASS' if g['pass'] else 'MISS'}  {g['goal']}: {ratio:.2f} "
           f"(bare {bare_tps:.1f}/s, chain {chain_tps:.1f}/s, median of {args.rounds} rounds)")
-    print(f"load average {info['loadavg_start'][0]:.2f} at start, {results['machine']['loadavg_end'][0]:.2f} at the end")
+    h.print_load(results)
 
     h.write_results(args.json, results)
     return 1 if args.strict and not g["pass"] else 0
 
 
 if __name__ == "__main__":
-    try:
-        sys.exit(main())
-    finally:
-        h._run_cleanups()
+    h.run(main)

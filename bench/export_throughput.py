@@ -27,13 +27,10 @@ at the end).
 from __future__ import annotations
 
 import argparse
-import atexit
-import contextlib
 import datetime as dt
 import hashlib
 import json
 import os
-import signal
 import statistics
 import subprocess
 import sys
@@ -41,16 +38,12 @@ import tempfile
 import threading
 import time
 from pathlib import Path
-from urllib.parse import urlsplit, urlunsplit
 
-REPO = Path(__file__).resolve().parent.parent
-if str(REPO) not in sys.path:
-    sys.path.insert(0, str(REPO))  # `python bench/export_throughput.py` puts bench/ first, not the repo
-from bench.harness import fmt, log, machine_info, redact_url, setup_django  # noqa: E402  (shared plumbing)
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # the repository, for `bench.harness`
+from bench import harness as h  # noqa: E402  (shared plumbing)
+from bench.harness import REPO, RESULTS_DIR, Cluster, fmt, log, machine_info, redact_url, setup_django  # noqa: E402
 
-RESULTS_DIR = REPO / "bench" / "results"
 DEFAULT_DB_NAME = "fairshare_bench"
-DEFAULT_SERVER_URL = "postgres://postgres@127.0.0.1:5432/postgres"
 
 # The exported scope: 90 whole UTC days, the span the generated activity is spread over.
 EXPORT_START = dt.date(2026, 1, 1)
@@ -67,84 +60,9 @@ STRATEGIES = ("copy", "cursor", "orm")
 JOB_TIMEOUT_S = 1800
 PSQL_TIMEOUT_S = 900
 CHILD_TIMEOUT_S = 1800
-CLUSTER_READY_TIMEOUT_S = 120
 
 
-# --- Database URL and environment ---------------------------------------------------------------
-
-def bench_database_url(db_name: str) -> str:
-    """BENCH_DATABASE_URL verbatim, else DATABASE_URL's server with the benchmark's own database."""
-    if os.environ.get("BENCH_DATABASE_URL"):
-        return os.environ["BENCH_DATABASE_URL"]
-    base = os.environ.get("DATABASE_URL") or DEFAULT_SERVER_URL
-    parts = urlsplit(base)
-    if parts.scheme not in {"postgres", "postgresql", "pgsql"}:
-        sys.exit(f"the benchmark needs PostgreSQL; DATABASE_URL has scheme {parts.scheme!r}")
-    return urlunsplit(parts._replace(path="/" + db_name, query=""))
-
-
-def with_database(url: str, name: str) -> str:
-    return urlunsplit(urlsplit(url)._replace(path="/" + name))
-
-
-def configure_environment(db_url: str) -> None:
-    """Settings for this process (and the children that inherit its environment)."""
-    os.environ["DATABASE_URL"] = db_url
-    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "config.settings")
-    os.environ.setdefault("SECRET_KEY", "bench-only-not-secret")
-    os.environ.setdefault("LOG_LEVEL", "WARNING")
-    os.environ.pop("REDIS_URL", None)  # the ORM broker, in the benchmark's own database
-    os.environ.pop("Q_CLUSTER_NAME", None)
-
-
-# --- Process management ---------------------------------------------------------------------------
-
-class Cluster:
-    """A real `manage.py qcluster` for one queue, stopped by PID (never by name)."""
-
-    def __init__(self, queue: str, env: dict[str, str], log_path: Path):
-        self.queue = queue
-        self.log_path = log_path
-        self._log = open(log_path, "wb")
-        self.proc = subprocess.Popen(
-            [sys.executable, "manage.py", "qcluster"], cwd=REPO, env={**env, "Q_CLUSTER_NAME": queue},
-            stdout=self._log, stderr=subprocess.STDOUT, start_new_session=True,
-        )
-
-    def alive(self) -> bool:
-        return self.proc.poll() is None
-
-    def stop(self, timeout: float = 20) -> None:
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)  # graceful: the main PID only
-            with contextlib.suppress(subprocess.TimeoutExpired):
-                self.proc.wait(timeout)
-        # Whatever is left of its session (the workers of a hung cluster) is killed outright.
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(self.proc.pid, signal.SIGKILL)
-        with contextlib.suppress(subprocess.TimeoutExpired):
-            self.proc.wait(5)
-        if not self._log.closed:
-            self._log.close()
-
-    def log_tail(self, lines: int = 40) -> str:
-        text = self.log_path.read_text(errors="replace").splitlines()
-        return "\n".join(text[-lines:])
-
-
-_cleanups: list = []
-
-
-def _run_cleanups() -> None:
-    while _cleanups:
-        with contextlib.suppress(Exception):
-            _cleanups.pop()()
-
-
-def _on_signal(signum, frame):
-    # Turn SIGTERM into an exception so `finally` blocks (and the cluster stop) run.
-    raise SystemExit(128 + signum)
-
+# --- Processes -------------------------------------------------------------------------------------
 
 def run_with_rusage(cmd: list[str], *, stdout, env: dict[str, str], timeout: float) -> tuple[float, float, bytes]:
     """Run `cmd`, returning (wall seconds, the child's CPU seconds, stderr). Raises on failure.
@@ -174,43 +92,6 @@ def run_with_rusage(cmd: list[str], *, stdout, env: dict[str, str], timeout: flo
 
 
 # --- The data set -----------------------------------------------------------------------------------
-
-def ensure_database(db_url: str, *, fresh: bool) -> bool:
-    """Create the benchmark database if needed; returns True when it was (re)created."""
-    import psycopg
-    from psycopg import sql
-
-    name = urlsplit(db_url).path.lstrip("/")
-    with psycopg.connect(with_database(db_url, "postgres"), autocommit=True) as admin:
-        exists = admin.execute("SELECT 1 FROM pg_database WHERE datname = %s", (name,)).fetchone() is not None
-        if exists and fresh:
-            log(f"dropping database {name}")
-            admin.execute(sql.SQL("DROP DATABASE {} WITH (FORCE)").format(sql.Identifier(name)))
-            exists = False
-        if not exists:
-            log(f"creating database {name}")
-            admin.execute(sql.SQL("CREATE DATABASE {} ENCODING 'UTF8' TEMPLATE template0").format(sql.Identifier(name)))
-            return True
-    return False
-
-
-def drop_database(db_url: str) -> None:
-    import psycopg
-    from psycopg import sql
-
-    name = urlsplit(db_url).path.lstrip("/")
-    with psycopg.connect(with_database(db_url, "postgres"), autocommit=True) as admin:
-        admin.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name)))
-    log(f"dropped database {name}")
-
-
-def migrate(env: dict[str, str]) -> None:
-    log("manage.py migrate")
-    subprocess.run(
-        [sys.executable, "manage.py", "migrate", "--noinput", "-v", "0"], cwd=REPO, env=env,
-        check=True, timeout=600,
-    )
-
 
 # One statement per account: `n` rows for the measured account interleaved in time with `m` rows of
 # its neighbour (so the account filter matters and the heap is shared), deterministic (hashint8 of
@@ -499,6 +380,8 @@ def child_stream(strategy: str, account_id: int, tmp_dir: Path) -> None:
 # --- Reporting --------------------------------------------------------------------------------------
 
 def median(values):
+    # Not harness.median (interpolated, always a float): the median of an odd count stays the value
+    # itself, so byte counts and peak RSS keep their integer form in the JSON.
     values = [v for v in values if v is not None]
     return statistics.median(values) if values else None
 
@@ -525,7 +408,7 @@ def wait_for_quiet(max_seconds: float) -> None:
         time.sleep(15)
 
 
-def render_table(results: dict) -> str:
+def results_table(results: dict) -> str:
     headers = ["rows", "path", "seconds", "rows/s", "MB/s", "x COPY", "peak RSS MiB", "client CPU s"]
     lines = []
     for size_key, size in results["sizes"].items():
@@ -542,16 +425,7 @@ def render_table(results: dict) -> str:
                 fmt(path.get("cpu_s"), ".2f"),
             ])
         lines.append(None)
-    widths = [max(len(h), *(len(l[i]) for l in lines if l)) for i, h in enumerate(headers)]
-    right = {0, 2, 3, 4, 5, 6, 7}
-
-    def row(cells):
-        return "  ".join(c.rjust(w) if i in right else c.ljust(w) for i, (c, w) in enumerate(zip(cells, widths)))
-
-    out = [row(headers), row(["-" * w for w in widths])]
-    for l in lines[:-1]:
-        out.append("" if l is None else row(l))
-    return "\n".join(out)
+    return h.render_table(headers, lines[:-1], right={0, 2, 3, 4, 5, 6, 7})
 
 
 PATH_LABELS = [
@@ -613,21 +487,12 @@ def main(argv=None) -> int:
         child_stream(args.child_stream, args.child_account, args.child_tmp)
         return 0
 
-    signal.signal(signal.SIGTERM, _on_signal)
-    atexit.register(_run_cleanups)
-    db_url = bench_database_url(args.db_name)
-    configure_environment(db_url)
+    db_url = h.prepare(args.db_name, fresh=args.fresh, drop=args.drop, test_jobs=False)
     env = dict(os.environ)
     sizes = [args.small, args.rows]
     log(f"database {redact_url(db_url)}; sizes {sizes[0]:,} and {sizes[1]:,}; {args.repeat} repeats")
-
-    ensure_database(db_url, fresh=args.fresh)
-    migrate(env)  # idempotent, and quick when there is nothing to apply
-    setup_django()
     from django.contrib.auth import get_user_model
 
-    if args.drop:
-        _cleanups.insert(0, lambda: drop_database(db_url))
     accounts = ensure_dataset(sizes)
     reset_bench_records()
     user = get_user_model().objects.get(username="bench")
@@ -638,7 +503,7 @@ def main(argv=None) -> int:
     header = csv_header_bytes()
 
     tmp = tempfile.TemporaryDirectory(prefix="fairshare-bench-")
-    _cleanups.append(tmp.cleanup)
+    h._cleanups.append(tmp.cleanup)
     tmp_dir = Path(tmp.name)
     export_root = tmp_dir / "exports"
     export_root.mkdir()
@@ -650,8 +515,7 @@ def main(argv=None) -> int:
             "FAIRSHARE_POLL": "0.1", "PYTHONUNBUFFERED": "1", "LOG_LEVEL": "INFO",
         }
         log("starting qcluster (queue exports, 1 worker)")
-        cluster = Cluster("exports", cluster_env, tmp_dir / "qcluster-exports.log")
-        _cleanups.append(cluster.stop)
+        cluster = Cluster(cluster_env, tmp_dir / "qcluster-exports.log", queue="exports")
         # Warm-up and readiness: one small export (one day of the small account), not measured.
         warm = measure_job(cluster=cluster, slug=accounts[args.small]["slug"], user=user,
                            start=EXPORT_START, end=EXPORT_START, export_root=export_root)
@@ -659,7 +523,7 @@ def main(argv=None) -> int:
 
     results = {
         "benchmark": "export_throughput",
-        "timestamp": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
+        "timestamp": h.utc_timestamp(),
         "parameters": {
             "rows": args.rows, "small": args.small, "quick": args.quick, "repeat": args.repeat,
             "strategies": args.strategies, "job": not args.no_job, "scope": [EXPORT_START.isoformat(), EXPORT_END.isoformat()],
@@ -759,7 +623,6 @@ def main(argv=None) -> int:
         if cluster is not None:
             log("stopping qcluster")
             cluster.stop()
-            _cleanups.remove(cluster.stop)
 
     results["machine"]["loadavg_end"] = list(os.getloadavg())
     full, small = results["sizes"][str(args.rows)], results["sizes"][str(args.small)]
@@ -785,7 +648,7 @@ def main(argv=None) -> int:
     }
 
     print()
-    print(render_table(results))
+    print(results_table(results))
     print()
     for name, goal in goals.items():
         value = goal.get("value")
@@ -802,16 +665,11 @@ def main(argv=None) -> int:
               "Python and the PostgreSQL backend compete with other work for the cores, so the ratios are "
               "pessimistic and noisy. Rerun on a quiet machine for figures to compare.")
 
-    args.json.parent.mkdir(parents=True, exist_ok=True)
-    args.json.write_text(json.dumps(results, indent=2, default=str) + "\n")
-    print(f"results: {args.json}")
+    h.write_results(args.json, results)
     if not goals["outputs_identical"]["pass"]:
         return 1
     return 1 if args.strict and not all(g["pass"] for g in goals.values()) else 0
 
 
 if __name__ == "__main__":
-    try:
-        sys.exit(main())
-    finally:
-        _run_cleanups()
+    h.run(main)

@@ -275,14 +275,7 @@ def main(argv=None) -> int:
     if args.child_flood:
         child_flood(args.child_flood, args.child_account, args.job_ms)
         return 0
-    h.install_cleanup()
-    db_url = h.bench_database_url(args.db_name)
-    h.configure_environment(db_url)
-    h.ensure_database(db_url, fresh=args.fresh)
-    if args.drop:
-        h._cleanups.insert(0, lambda: h.drop_database(db_url))
-    h.migrate()
-    h.setup_django()
+    db_url = h.prepare(args.db_name, fresh=args.fresh, drop=args.drop)
     from budgets.models import UsageDay
     from scheduling.models import TaskRun
 
@@ -394,13 +387,10 @@ def main(argv=None) -> int:
     g = results["goals"]["fairness"]
     print(f"{'PASS' if g['pass'] else 'MISS'}  {g['goal']}: {during['wait_ms']['p95']:.0f} ms vs "
           f"{solo['wait_ms']['p95']:.0f} ms solo = {ratio:.2f}x")
-    print(f"load average {info['loadavg_start'][0]:.2f} at start, {results['machine']['loadavg_end'][0]:.2f} at the end")
+    h.print_load(results)
     h.write_results(args.json, results)
     return 1 if args.strict and not g["pass"] else 0
 
 
 if __name__ == "__main__":
-    try:
-        sys.exit(main())
-    finally:
-        h._run_cleanups()
+    h.run(main)

@@ -52,14 +52,18 @@ def redact_url(url: str) -> str:
     return url
 
 
-def configure_environment(db_url: str) -> None:
-    """Settings for this process; clusters get `cluster_env()` on top of them."""
+def configure_environment(db_url: str, *, test_jobs: bool = True) -> None:
+    """Settings for this process (and the children that inherit its environment).
+
+    test_jobs: register tests.jobs (tests.noop, tests.sleep), here and in workers started from this
+    environment, to enqueue them. export_throughput runs only product jobs and leaves it out.
+    """
     os.environ["DATABASE_URL"] = db_url
     os.environ["DJANGO_SETTINGS_MODULE"] = "config.settings"
     os.environ.setdefault("SECRET_KEY", "bench-only-not-secret")
     os.environ["LOG_LEVEL"] = "WARNING"  # this process only; workers log at the production default
-    # The test jobs (tests.noop, tests.sleep) must be registered here too, to enqueue them.
-    os.environ["FAIRSHARE_EXTRA_JOB_MODULES"] = "tests.jobs"
+    if test_jobs:
+        os.environ["FAIRSHARE_EXTRA_JOB_MODULES"] = "tests.jobs"
     os.environ.pop("REDIS_URL", None)  # the ORM broker, in the benchmark's own database
     os.environ.pop("Q_CLUSTER_NAME", None)
 
@@ -113,6 +117,20 @@ def migrate() -> None:
                    env=dict(os.environ), check=True, timeout=600)
 
 
+def prepare(db_name: str, *, fresh: bool, drop: bool, test_jobs: bool = True) -> str:
+    """A benchmark's start: cleanup on exit and SIGTERM, its own database created (or recreated with
+    `fresh`, dropped at exit with `drop`) and migrated, Django set up. Returns the database URL."""
+    install_cleanup()
+    db_url = bench_database_url(db_name)
+    configure_environment(db_url, test_jobs=test_jobs)
+    ensure_database(db_url, fresh=fresh)
+    if drop:
+        _cleanups.insert(0, lambda: drop_database(db_url))  # last, after the clusters have stopped
+    migrate()  # idempotent, and quick when there is nothing to apply
+    setup_django()
+    return db_url
+
+
 def reset_tables(*labels: str) -> None:
     """Empty the given models' tables (the database is the benchmark's own)."""
     from django.apps import apps
@@ -151,21 +169,6 @@ class Cluster:
     def alive(self) -> bool:
         return self.proc.poll() is None
 
-    def worker_pids(self) -> list[int]:
-        """The cluster's worker processes (children of its sentinel), from /proc."""
-        session = self.proc.pid
-        pids = []
-        for entry in Path("/proc").iterdir():
-            if not entry.name.isdigit():
-                continue
-            with contextlib.suppress(OSError, ValueError, IndexError):
-                stat = (entry / "stat").read_text()
-                fields = stat[stat.rindex(")") + 2:].split()
-                if int(fields[3]) == session and int(entry.name) != session:  # same session id
-                    cmdline = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
-                    pids.append((int(entry.name), cmdline))
-        return pids
-
     def stop(self, timeout: float = 20) -> None:
         if self.proc.poll() is None:
             self.proc.send_signal(signal.SIGTERM)  # graceful: the main PID only
@@ -202,6 +205,14 @@ def install_cleanup() -> list:
     signal.signal(signal.SIGTERM, _on_signal)
     atexit.register(_run_cleanups)
     return _cleanups
+
+
+def run(main) -> None:
+    """`sys.exit(main())`, running the registered cleanups however main ends."""
+    try:
+        sys.exit(main())
+    finally:
+        _run_cleanups()
 
 
 def wait_until(predicate, *, timeout: float, interval: float = 0.01, what: str, cluster: Cluster | None = None):
@@ -324,6 +335,11 @@ def _dist_version(name: str):
         return version(name)
     except PackageNotFoundError:
         return None
+
+
+def print_load(results: dict) -> None:
+    machine = results["machine"]
+    print(f"load average {machine['loadavg_start'][0]:.2f} at start, {machine['loadavg_end'][0]:.2f} at the end")
 
 
 def write_results(path: Path, results: dict) -> None:
