@@ -186,7 +186,8 @@ def reset(account: Account) -> None:
 
 # --- Worker processes -----------------------------------------------------------------------
 
-def _database_url() -> str:
+def database_url() -> str:
+    """The URL of the database this process uses (also under pytest), for worker processes."""
     db = connection.settings_dict
     auth = quote(db["USER"] or "", safe="")
     if db["PASSWORD"]:
@@ -199,7 +200,7 @@ def worker_env(*, export_workers: int) -> dict[str, str]:
     env.update(
         DJANGO_SETTINGS_MODULE=os.environ.get("DJANGO_SETTINGS_MODULE", "config.settings"),
         SECRET_KEY=settings.SECRET_KEY,
-        DATABASE_URL=_database_url(),  # the database this process uses (also under pytest)
+        DATABASE_URL=database_url(),
         FAIRSHARE_EXPORT_WORKERS=str(export_workers),
         FAIRSHARE_WORKERS=str(DEFAULT_QUEUE_WORKERS),
         EMAIL_BACKEND="django.core.mail.backends.locmem.EmailBackend",  # notify nobody
@@ -224,8 +225,16 @@ class Cluster:
             stdout=self._log, stderr=subprocess.STDOUT, start_new_session=True,
         )
 
+    @property
+    def pid(self) -> int:
+        return self.proc.pid
+
     def alive(self) -> bool:
         return self.proc.poll() is None
+
+    def stop(self, timeout: float = 15) -> None:
+        self.terminate()
+        self.finish(time.monotonic() + timeout)
 
     def terminate(self) -> None:
         if self.alive():
@@ -246,8 +255,11 @@ class Cluster:
             pass
         self._log.close()
 
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace")
+
     def tail(self, lines: int = 20) -> str:
-        return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
+        return "\n".join(self.log().splitlines()[-lines:])
 
 
 def stop_all(clusters: list[Cluster]) -> None:

@@ -1,17 +1,14 @@
 """Shared fixtures. Tests run against PostgreSQL (scripts/test finds or starts one)."""
 import os
-import signal
-import subprocess
-import sys
 import time
 from pathlib import Path
 
 import pytest
 from django.conf import settings
-from django.db import connection
 
 import tests.jobs  # noqa: F401  (registers the test jobs in this process too)
 from budgets.models import Role
+from scheduling.rehearsal import Cluster, database_url
 from tests.factories import AccountFactory, MembershipFactory, UserFactory
 
 REPO = Path(__file__).resolve().parent.parent
@@ -67,12 +64,11 @@ def outsider(other_account):
 
 def worker_env(export_root: Path, **extra: str) -> dict[str, str]:
     """Environment for a worker process that shares this test's database and export folder."""
-    db = connection.settings_dict
     env = {k: v for k, v in os.environ.items() if k not in {"REDIS_URL", "Q_CLUSTER_NAME"}}
     env.update(
         DJANGO_SETTINGS_MODULE="config.settings",
         SECRET_KEY=settings.SECRET_KEY,
-        DATABASE_URL=f"postgres://{db['USER']}:{db['PASSWORD'] or ''}@{db['HOST'] or '127.0.0.1'}:{db['PORT'] or 5432}/{db['NAME']}",
+        DATABASE_URL=database_url(),
         FAIRSHARE_EXPORTS_ROOT=str(export_root),
         FAIRSHARE_POLL="0.1",
         FAIRSHARE_EXTRA_JOB_MODULES="tests.jobs",
@@ -80,42 +76,6 @@ def worker_env(export_root: Path, **extra: str) -> dict[str, str]:
     )
     env.update(extra)
     return env
-
-
-class Cluster:
-    """A real `manage.py qcluster` process, stopped by PID (never by process group)."""
-
-    def __init__(self, queue: str, env: dict[str, str], log_path: Path):
-        if queue != "default":
-            env = {**env, "Q_CLUSTER_NAME": queue}
-        self.log_path = log_path
-        self._log = open(log_path, "wb")
-        self.proc = subprocess.Popen(
-            [sys.executable, "manage.py", "qcluster"], cwd=REPO, env=env,
-            stdout=self._log, stderr=subprocess.STDOUT, start_new_session=True,
-        )
-
-    @property
-    def pid(self) -> int:
-        return self.proc.pid
-
-    def stop(self, timeout: float = 15) -> None:
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)  # graceful: the main PID only
-            try:
-                self.proc.wait(timeout)
-            except subprocess.TimeoutExpired:
-                pass
-        # Whatever is left of its session (workers of a hung cluster) is killed outright.
-        try:
-            os.killpg(self.proc.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-        self.proc.wait(5)
-        self._log.close()
-
-    def log(self) -> str:
-        return self.log_path.read_text(errors="replace")
 
 
 @pytest.fixture
