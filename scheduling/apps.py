@@ -2,6 +2,7 @@ from importlib import import_module
 
 from django.apps import AppConfig
 from django.conf import settings
+from django.core import checks
 from django.db.models.signals import post_migrate
 from django.utils.module_loading import autodiscover_modules
 
@@ -29,3 +30,9 @@ class SchedulingConfig(AppConfig):
         from scheduling.releaser import start_releaser
 
         post_spawn.connect(start_releaser, dispatch_uid="fairshare.releaser")
+
+        # Invariants between settings; `qcluster` runs them too (an Error stops it).
+        from scheduling import checks as kernel_checks
+
+        for check in (kernel_checks.check_clusters, kernel_checks.check_pulse, kernel_checks.check_metrics_networks):
+            checks.register(check, "fairshare")

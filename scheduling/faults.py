@@ -1,4 +1,5 @@
-"""Named fault points for crash tests. TEST-ONLY: inert unless armed through the environment.
+"""Named fault points for crash tests. TEST-ONLY: inert unless armed through the environment
+(seams are refused outside the test suite: scheduling/testing.py).
 
     FAIRSHARE_FAULT=<point>          the point at which the worker process kills itself (SIGKILL)
     FAIRSHARE_FAULT_MARKER=<path>    fire once: only the process that creates this file fires
@@ -10,13 +11,15 @@ and requester notified, task not yet acknowledged to the broker).
 import os
 import signal
 
+from scheduling.testing import FAULT, FAULT_MARKER
+
 POINTS = frozenset({"after_claim", "mid_stream", "after_publish", "after_complete"})
 
 
 def fault_point(name: str) -> None:
-    if os.environ.get("FAIRSHARE_FAULT") != name:
+    if os.environ.get(FAULT.env) != name:
         return
-    marker = os.environ.get("FAIRSHARE_FAULT_MARKER")
+    marker = os.environ.get(FAULT_MARKER.env)
     if marker:
         try:
             os.close(os.open(marker, os.O_CREAT | os.O_EXCL | os.O_WRONLY))

@@ -5,6 +5,7 @@ from pathlib import Path
 
 import pytest
 from django.conf import settings
+from django.core.checks import run_checks
 
 import tests.jobs  # noqa: F401  (registers the test jobs in this process too)
 from budgets.models import Role
@@ -72,6 +73,8 @@ def worker_env(export_root: Path, **extra: str) -> dict[str, str]:
         FAIRSHARE_EXPORTS_ROOT=str(export_root),
         FAIRSHARE_POLL="0.1",
         FAIRSHARE_EXTRA_JOB_MODULES="tests.jobs",
+        # Said, not inherited: a test's worker may arm test-only seams (scheduling/testing.py).
+        FAIRSHARE_TESTING="1",
         PYTHONUNBUFFERED="1",
     )
     env.update(extra)
@@ -90,6 +93,11 @@ def start_cluster(tmp_path, export_root):
     yield start
     for cluster in clusters:
         cluster.stop()
+
+
+def fairshare_checks() -> list[tuple[str, str]]:
+    """(id, message) of each problem the Fairshare system checks find in the current settings."""
+    return [(message.id, message.msg) for message in run_checks(tags=["fairshare"])]
 
 
 def wait_for(predicate, *, timeout: float, interval: float = 0.1, message: str = "condition"):

@@ -8,6 +8,7 @@ import time
 
 from django.db import connection
 
+from scheduling import testing
 from scheduling.registry import job
 
 
@@ -51,7 +52,7 @@ def sleep(ctx) -> None:
 def hold_exports_worker(ctx) -> None:
     """Occupies an exports worker until the file named by FAIRSHARE_TEST_GATE exists, or for at
     most the ref's milliseconds."""
-    gate = os.environ.get("FAIRSHARE_TEST_GATE", "")
+    gate = os.environ.get(testing.TEST_GATE.env, "")
     end = time.monotonic() + _ms(ctx) / 1000
     while time.monotonic() < end and not (gate and os.path.exists(gate)):
         time.sleep(0.05)

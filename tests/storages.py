@@ -6,8 +6,10 @@ import time
 
 from django.core.files.storage import FileSystemStorage
 
+from scheduling import testing
+
 # A file holding how many more saves should fail; shared by every worker process of a test.
-FAILURES_ENV = "FLAKY_STORAGE_FAILURES_FILE"
+FAILURES_ENV = testing.FLAKY_STORAGE_FAILURES.env
 # Stands in for a credential a storage client might quote in its error text.
 LEAKY_SECRET = "s3cr3t-storage-password"
 
@@ -45,7 +47,7 @@ class FlakyStorage(FileSystemStorage):
 
 
 # A file whose existence lets saves through; until then every save waits (at most GATE_MAX_S).
-GATE_ENV = "FAIRSHARE_TEST_PUBLISH_GATE"
+GATE_ENV = testing.TEST_PUBLISH_GATE.env
 GATE_MAX_S = 60
 
 

@@ -158,6 +158,8 @@ def test_broker_redelivering_while_the_first_run_is_still_going_changes_nothing(
     # mid-run on any machine; its lease outlasts that wait, so the redelivery finds it alive.
     cluster = start_exports(FAIRSHARE_EXPORT_WORKERS="2", FAIRSHARE_EXPORT_TIMEOUT=str(timeout_s),
                             FAIRSHARE_EXPORT_RETRY=str(retry_s), FAIRSHARE_TEST_GATE=str(gate),
+                            # Below the timeout, or the cluster refuses to start (check exports.E001).
+                            FAIRSHARE_EXPORT_ATTEMPT_DEADLINE=str(timeout_s - 1),
                             FAIRSHARE_EXPORT_LEASE="30", FAIRSHARE_EXPORTS_STORAGE_BACKEND=GATED_STORAGE,
                             **{GATE_ENV: str(publish_gate)})
     for n in range(2):  # another account's work occupies both workers until the gate opens

@@ -1,0 +1,40 @@
+"""The budgets app's FAIRSHARE settings (see scheduling/conf.py for how apps declare them).
+
+Importable before Django is set up (config/settings.py imports it): no django.conf here.
+"""
+from scheduling.conf import Setting
+
+# Default budgets per plan tier and queue: daily CPU seconds and concurrent tasks. An operator can
+# override them per account (budgets.Budget). Every tier needs an entry for every queue
+# (system check budgets.E003).
+PLAN_BUDGETS = {
+    "free": {"default": {"cpu_seconds_per_day": 600, "max_concurrent": 1},
+             "exports": {"cpu_seconds_per_day": 300, "max_concurrent": 1}},
+    "standard": {"default": {"cpu_seconds_per_day": 3600, "max_concurrent": 2},
+                 "exports": {"cpu_seconds_per_day": 1800, "max_concurrent": 1}},
+    "enterprise": {"default": {"cpu_seconds_per_day": 36000, "max_concurrent": 8},
+                   "exports": {"cpu_seconds_per_day": 18000, "max_concurrent": 4}},
+}
+
+SETTINGS = (
+    Setting("BUDGET_DAY_TIMEZONE", "FAIRSHARE_BUDGET_DAY_TIMEZONE", "UTC",
+            doc="the zone whose midnight starts a budget day"),
+    Setting("RESERVATION_LEASE_S", "FAIRSHARE_RESERVATION_LEASE", 60, parse=int, unit="s",
+            doc="a running task's reservation and slot are reclaimed when its watcher has not renewed "
+                "the lease for this long (its worker died)"),
+    Setting("RESERVATION_HEARTBEAT_S", "FAIRSHARE_RESERVATION_HEARTBEAT", 5.0, parse=float, unit="s",
+            doc="how often a running task's watcher renews its reservation's lease and reports the CPU "
+                "used so far; below the lease"),
+    Setting("RESERVATION_STEP_MS", "FAIRSHARE_RESERVATION_STEP", 1000, parse=int, unit="ms",
+            doc="a run reserves CPU in steps of at least this much (its job's estimate if larger) and "
+                "reserves the next step when less than half of one is left: the runs of an account never "
+                "hold more than it has left today, so together they stop at the daily cap"),
+    Setting("BUDGET_TICK_S", "FAIRSHARE_BUDGET_TICK", 0.2, parse=float, unit="s",
+            doc="how often a running task's watcher looks at its CPU: about the most a job that never "
+                "checks its budget overshoots by"),
+    Setting("DISPATCH_LEASE_S", "FAIRSHARE_DISPATCH_LEASE", 300, parse=int, unit="s",
+            doc="a job sent to the broker holds one of its account's slots until it starts; a message "
+                "lost for this long gives the slot back"),
+    Setting("PLAN_BUDGETS", None, PLAN_BUDGETS, shown_default="see `budgets/conf.py`",
+            doc="default daily CPU seconds and concurrent tasks per plan tier and queue"),
+)

@@ -1,0 +1,68 @@
+"""The environment variables config/settings.py reads for itself: Django, the database, export
+storage, the task queues, logging and e-mail. (Each app's FAIRSHARE keys are declared in its
+`conf.py`, the test-only seams in scheduling/testing.py.) README.md's configuration table is
+generated from these declarations and those (`python -m config.readme`).
+
+No side effects and no django.conf: importable before Django is set up.
+"""
+from scheduling.conf import Setting, flag, names
+
+VAR_DIR = Setting(None, "FAIRSHARE_VAR_DIR", None, shown_default="`var/`", sets="the demo's files",
+                  doc="folder of everything the demo writes (SQLite file, export files, logs)")
+DEBUG = Setting(None, "DEBUG", False, parse=flag, sets="`DEBUG`", doc="Django's debug mode")
+SECRET_KEY = Setting(None, "SECRET_KEY", "", shown_default="none (required unless `DEBUG=1`)",
+                     sets="`SECRET_KEY`", doc="Django's secret key; also signs download links")
+ALLOWED_HOSTS = Setting(None, "ALLOWED_HOSTS", ["127.0.0.1", "localhost"], parse=names, sets="`ALLOWED_HOSTS`",
+                        doc="comma-separated host names the web server answers to")
+DATABASE_URL = Setting(None, "DATABASE_URL", "", shown_default="SQLite file in `var/` (demo only)",
+                       sets="`DATABASES`", doc="the database; production and tests use PostgreSQL")
+DB_CONN_MAX_AGE = Setting(None, "FAIRSHARE_DB_CONN_MAX_AGE", 60, parse=int, unit="s", sets="`CONN_MAX_AGE`",
+                          doc="how long a database connection is reused (checked before reuse); 0 "
+                              "reconnects for every task")
+REDIS_URL = Setting(None, "REDIS_URL", "", shown_default="unset: django-q2's ORM broker",
+                    sets='`Q_CLUSTER["redis"]`', doc="use the Redis broker")
+TASK_TIMEOUT = Setting(None, "FAIRSHARE_TASK_TIMEOUT", 300, parse=int, unit="s",
+                       sets='`Q_CLUSTER["timeout"]`',
+                       doc="time limit of a task on the default queue (its `retry` is set 60 s above)")
+WORKERS = Setting(None, "FAIRSHARE_WORKERS", 2, parse=int, sets='`Q_CLUSTER["workers"]`',
+                  doc="worker processes of the default queue (1 on SQLite)")
+POLL = Setting(None, "FAIRSHARE_POLL", 0.5, parse=float, unit="s", sets='`Q_CLUSTER["poll"]`',
+               doc="how often an idle ORM-broker worker looks for new tasks")
+EXPORT_TIMEOUT = Setting(None, "FAIRSHARE_EXPORT_TIMEOUT", 1800, parse=int, unit="s",
+                         sets='exports cluster `timeout`', doc="time limit of a task on the exports queue")
+EXPORT_RETRY = Setting(None, "FAIRSHARE_EXPORT_RETRY", None, parse=int, unit="s",
+                       shown_default="`FAIRSHARE_EXPORT_TIMEOUT` + 60 s", sets="exports cluster `retry`",
+                       doc="seconds before the broker delivers an unacknowledged export task again; "
+                           "must exceed the timeout")
+EXPORT_WORKERS = Setting(None, "FAIRSHARE_EXPORT_WORKERS", 2, parse=int, sets="exports cluster `workers`",
+                         doc="worker processes of the exports queue (1 on SQLite)")
+EXPORTS_S3_BUCKET = Setting(None, "FAIRSHARE_EXPORTS_S3_BUCKET", "", shown_default="unset",
+                            sets='`STORAGES["exports"]`',
+                            doc="store exports in this S3 bucket through django-storages (credentials the "
+                                "usual AWS way)")
+EXPORTS_S3_ENDPOINT_URL = Setting(None, "FAIRSHARE_EXPORTS_S3_ENDPOINT_URL", "", shown_default="unset",
+                                  sets='`STORAGES["exports"]`', doc="S3 endpoint (S3-compatible stores)")
+EXPORTS_S3_REGION = Setting(None, "FAIRSHARE_EXPORTS_S3_REGION", "", shown_default="unset",
+                            sets='`STORAGES["exports"]`', doc="S3 region")
+EXPORTS_STORAGE_BACKEND = Setting(
+    None, "FAIRSHARE_EXPORTS_STORAGE_BACKEND", "django.core.files.storage.FileSystemStorage",
+    sets='`STORAGES["exports"]`',
+    doc="storage class for local export files (any `FileSystemStorage` subclass; ignored with S3)")
+EXPORTS_ROOT = Setting(None, "FAIRSHARE_EXPORTS_ROOT", None, shown_default="`var/exports`",
+                       sets='`STORAGES["exports"]`', doc="folder of export files (local storage)")
+LOG_FORMAT = Setting(None, "LOG_FORMAT", None, shown_default="`json` (`text` with `DEBUG`)", sets="`LOGGING`",
+                     doc="`json`: one JSON object per log line (production); `text`: readable lines")
+LOG_LEVEL = Setting(None, "LOG_LEVEL", "INFO", sets="`LOGGING`", doc="level of the root logger")
+Q_LOG_LEVEL = Setting(None, "Q_LOG_LEVEL", "INFO", sets="`LOGGING`", doc="level of django-q2's own logger")
+EMAIL_BACKEND = Setting(None, "EMAIL_BACKEND", "django.core.mail.backends.console.EmailBackend",
+                        shown_default="console backend", sets="`EMAIL_BACKEND`",
+                        doc="Django's e-mail backend for \"export ready\" notices")
+EMAIL_FILE_PATH = Setting(None, "EMAIL_FILE_PATH", None, shown_default="unset", sets="`EMAIL_FILE_PATH`",
+                          doc="the folder of the file-based e-mail backend")
+
+VARIABLES = (
+    VAR_DIR, DEBUG, SECRET_KEY, ALLOWED_HOSTS, DATABASE_URL, DB_CONN_MAX_AGE, REDIS_URL,
+    TASK_TIMEOUT, WORKERS, POLL, EXPORT_TIMEOUT, EXPORT_RETRY, EXPORT_WORKERS,
+    EXPORTS_S3_BUCKET, EXPORTS_S3_ENDPOINT_URL, EXPORTS_S3_REGION, EXPORTS_STORAGE_BACKEND, EXPORTS_ROOT,
+    LOG_FORMAT, LOG_LEVEL, Q_LOG_LEVEL, EMAIL_BACKEND, EMAIL_FILE_PATH,
+)

@@ -1,0 +1,71 @@
+"""System checks for the kernel's settings (registered in SchedulingConfig.ready).
+
+An Error stops `manage.py check`, `migrate`, `runserver` and `qcluster` (django-q2's command keeps
+Django's default `requires_system_checks`), so a worker never starts with a broken invariant.
+"""
+import ipaddress
+
+from django.conf import settings
+from django.core import checks
+
+from budgets.models import Queue
+from scheduling.conf import clusters
+
+
+def check_clusters(app_configs=None, **kwargs) -> list[checks.CheckMessage]:
+    """Every queue has a cluster, and each cluster redelivers only after its timeout."""
+    found = clusters(settings.Q_CLUSTER)
+    errors = [
+        checks.Error(f'No Q_CLUSTER cluster serves the "{queue}" queue.',
+              hint='Its jobs would never run. Add it to Q_CLUSTER["ALT_CLUSTERS"].',
+              id="scheduling.E002")
+        for queue in Queue.values if queue not in found
+    ]
+    for name, options in found.items():
+        timeout, retry = options.get("timeout"), options.get("retry")
+        if timeout is not None and retry is not None and retry <= timeout:
+            errors.append(checks.Error(
+                f'Q_CLUSTER cluster "{name}": retry ({retry} s) must be larger than timeout ({timeout} s).',
+                hint="django-q2 delivers a task again once `retry` seconds pass without an "
+                     "acknowledgement, even while it still runs: a task running past `retry` would run "
+                     "twice at once. For the exports queue, set FAIRSHARE_EXPORT_RETRY above "
+                     "FAIRSHARE_EXPORT_TIMEOUT.",
+                id="scheduling.E001"))
+    return errors
+
+
+def check_pulse(app_configs=None, **kwargs) -> list[checks.CheckMessage]:
+    """/healthz must not call a live queue dead between two of its workers' heartbeats."""
+    options = settings.FAIRSHARE
+    poll, beat, max_age = (options["RELEASE_POLL_S"], options["WORKER_HEARTBEAT_S"],
+                           options["HEALTH_HEARTBEAT_MAX_AGE_S"])
+    if poll <= 0:
+        return [checks.Warning(
+            f'FAIRSHARE["RELEASE_POLL_S"] is {poll:g}: workers run no pulse.',
+            hint="Held work then waits for django-q2's scheduler (about 30 s) and no worker writes a "
+                 "heartbeat, so /healthz reports every queue down. Set FAIRSHARE_RELEASE_POLL above 0.",
+            id="scheduling.W001")]
+    if max_age <= beat + poll:
+        return [checks.Error(
+            f'FAIRSHARE["HEALTH_HEARTBEAT_MAX_AGE_S"] ({max_age} s) must be larger than WORKER_HEARTBEAT_S '
+            f"+ RELEASE_POLL_S ({beat + poll:g} s).",
+            hint="A worker's pulse writes its heartbeat about that often, so /healthz would report a live "
+                 "queue down between two heartbeats. Raise FAIRSHARE_HEALTH_HEARTBEAT_MAX_AGE or lower "
+                 "FAIRSHARE_WORKER_HEARTBEAT.",
+            id="scheduling.E003")]
+    return []
+
+
+def check_metrics_networks(app_configs=None, **kwargs) -> list[checks.CheckMessage]:
+    errors = []
+    for network in settings.FAIRSHARE["METRICS_ALLOWED_NETWORKS"].split(","):
+        try:
+            ipaddress.ip_network(network.strip(), strict=False)
+        except ValueError:
+            if network.strip():
+                errors.append(checks.Error(
+                    f'FAIRSHARE["METRICS_ALLOWED_NETWORKS"]: {network.strip()!r} is not a network.',
+                    hint="Give comma-separated CIDRs in FAIRSHARE_METRICS_ALLOWED_NETWORKS, e.g. "
+                         "127.0.0.1/32,10.0.0.0/8; until then /metrics fails for clients without the token.",
+                    id="scheduling.E004"))
+    return errors

@@ -1,0 +1,102 @@
+"""The kernel's FAIRSHARE settings, and the one way every app declares its own.
+
+Each app lists its keys of ``settings.FAIRSHARE`` in ``<app>/conf.py`` as `Setting`s: the key,
+the environment variable that sets it, how that variable is parsed, the default, the unit and one
+line of doc. config/settings.py builds FAIRSHARE from these lists (the environment is read once, at
+start-up); code reads ``settings.FAIRSHARE["KEY"]``; README.md's configuration table is generated
+from the same lists (``python -m config.readme``; a test fails when the two disagree). Invariants
+between settings are system checks (``<app>/checks.py``).
+
+A new variable is named like its key, unit included (key ``STALL_AFTER_S``, variable
+``FAIRSHARE_STALL_AFTER_S``); older ones keep the names deployments already use.
+
+Importable before Django is set up (config/settings.py imports it): no django.conf here.
+"""
+import copy
+import os
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from django.core.exceptions import ImproperlyConfigured
+
+_UNSET = object()
+TRUE_WORDS = frozenset({"1", "true", "yes", "on"})
+
+
+def flag(raw: str) -> bool:
+    return raw.strip().lower() in TRUE_WORDS
+
+
+def names(raw: str) -> list[str]:
+    """A comma-separated list; empty items are dropped."""
+    return [item for item in raw.split(",") if item]
+
+
+_KINDS = {int: "a whole number", float: "a number"}
+
+
+@dataclass(frozen=True)
+class Setting:
+    key: str | None  # the FAIRSHARE key; None for a variable config/settings.py uses by itself
+    env: str | None  # the environment variable; None when only a settings module sets the key
+    default: Any
+    doc: str
+    parse: Callable[[str], Any] = str
+    unit: str = ""  # "s", "ms", "rows", "days"
+    shown_default: str | None = None  # how the README shows a default computed at start-up
+    sets: str | None = None  # what a variable without a key sets, e.g. 'Q_CLUSTER["timeout"]'
+
+    def read(self, environ: Mapping[str, str] = os.environ, *, default: Any = _UNSET) -> Any:
+        """The value the environment gives, else the default (a fresh copy: defaults are shared)."""
+        raw = None if self.env is None else environ.get(self.env)
+        if raw is None:
+            return copy.deepcopy(self.default if default is _UNSET else default)
+        try:
+            return self.parse(raw)
+        except ValueError:
+            unit = f" ({self.unit})" if self.unit else ""
+            raise ImproperlyConfigured(
+                f"{self.env} must be {_KINDS.get(self.parse, 'valid')}{unit}, got {raw!r}.") from None
+
+
+def read_settings(*declarations: Iterable[Setting], environ: Mapping[str, str] = os.environ) -> dict[str, Any]:
+    """FAIRSHARE entries from the apps' declarations; a key declared twice is a mistake."""
+    values: dict[str, Any] = {}
+    for setting in (s for group in declarations for s in group):
+        if setting.key in values:
+            raise ImproperlyConfigured(f'FAIRSHARE["{setting.key}"] is declared twice.')
+        values[setting.key] = setting.read(environ)
+    return values
+
+
+def clusters(q_cluster: Mapping[str, Any]) -> dict[str, dict[str, Any]]:
+    """Each django-q2 cluster's effective options by name: Q_CLUSTER itself, then each of its
+    ALT_CLUSTERS over it (the way django_q.conf merges them)."""
+    base = {k: v for k, v in q_cluster.items() if k != "ALT_CLUSTERS"}
+    found = {base.get("name", "default"): base}
+    for name, options in (q_cluster.get("ALT_CLUSTERS") or {}).items():
+        found[name] = {**base, **options, "name": name}
+    return found
+
+
+SETTINGS = (
+    Setting("RELEASE_POLL_S", "FAIRSHARE_RELEASE_POLL", 1.0, parse=float, unit="s",
+            doc="how often each worker's pulse releases due held work (a 2-second back-off need not wait "
+                "for django-q2's 30-second scheduler) and may write its heartbeat; 0 turns the pulse off"),
+    Setting("WORKER_HEARTBEAT_S", "FAIRSHARE_WORKER_HEARTBEAT", 10, parse=int, unit="s",
+            doc="how often each worker's pulse writes the worker's heartbeat"),
+    Setting("HEALTH_HEARTBEAT_MAX_AGE_S", "FAIRSHARE_HEALTH_HEARTBEAT_MAX_AGE", 60, parse=int, unit="s",
+            doc="`/healthz` wants a worker per queue whose heartbeat is this recent"),
+    Setting("METRICS_TOKEN", "FAIRSHARE_METRICS_TOKEN", "", shown_default="unset",
+            doc="a bearer token that may read `/metrics`"),
+    Setting("METRICS_ALLOWED_NETWORKS", "FAIRSHARE_METRICS_ALLOWED_NETWORKS", "127.0.0.1/32,::1/128",
+            doc="client networks (comma-separated CIDRs) that may read `/metrics` without the token"),
+    Setting("EXTRA_JOB_MODULES", "FAIRSHARE_EXTRA_JOB_MODULES", [], parse=names,
+            doc="more job modules to import at start-up besides each app's `jobs.py` (comma-separated); "
+                "the tests load `tests.jobs`"),
+    Setting("TASK_RUN_RETENTION_DAYS", "FAIRSHARE_TASK_RUN_RETENTION_DAYS", 14, parse=int, unit="days",
+            doc="maintenance rolls task runs older than this up per day and prunes them"),
+    Setting("DJANGO_Q_RETENTION_DAYS", "FAIRSHARE_DJANGO_Q_RETENTION_DAYS", 7, parse=int, unit="days",
+            doc="maintenance deletes django-q2's own task rows (failures) older than this"),
+)

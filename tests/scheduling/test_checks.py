@@ -1,0 +1,71 @@
+"""The kernel's settings invariants are system checks; an Error stops `qcluster` from starting."""
+import subprocess
+import sys
+
+import pytest
+from django.core.checks import run_checks
+
+from tests.conftest import REPO, fairshare_checks, worker_env
+
+
+def _exports_cluster(settings, **options):
+    alt = settings.Q_CLUSTER["ALT_CLUSTERS"]
+    settings.Q_CLUSTER = {**settings.Q_CLUSTER, "ALT_CLUSTERS": {**alt, "exports": {**alt["exports"], **options}}}
+
+
+def test_the_default_settings_pass_every_check():
+    assert fairshare_checks() == []
+    assert [m for m in run_checks() if m.is_serious()] == []
+
+
+def test_an_exports_retry_not_above_its_timeout_is_refused(settings):
+    _exports_cluster(settings, timeout=1800, retry=1800)
+    assert fairshare_checks() == [
+        ("scheduling.E001", 'Q_CLUSTER cluster "exports": retry (1800 s) must be larger than timeout (1800 s).')]
+
+
+def test_the_default_cluster_retry_must_exceed_its_timeout_too(settings):
+    settings.Q_CLUSTER = {**settings.Q_CLUSTER, "timeout": 300, "retry": 200}
+    assert fairshare_checks() == [
+        ("scheduling.E001", 'Q_CLUSTER cluster "default": retry (200 s) must be larger than timeout (300 s).')]
+
+
+def test_a_queue_without_a_cluster_is_refused(settings):
+    settings.Q_CLUSTER = {**settings.Q_CLUSTER, "ALT_CLUSTERS": {}}
+    assert fairshare_checks() == [("scheduling.E002", 'No Q_CLUSTER cluster serves the "exports" queue.')]
+
+
+def test_healthz_must_outwait_a_workers_heartbeat(settings):
+    settings.FAIRSHARE = {**settings.FAIRSHARE, "WORKER_HEARTBEAT_S": 10, "RELEASE_POLL_S": 1,
+                          "HEALTH_HEARTBEAT_MAX_AGE_S": 11}
+    assert fairshare_checks() == [(
+        "scheduling.E003",
+        'FAIRSHARE["HEALTH_HEARTBEAT_MAX_AGE_S"] (11 s) must be larger than WORKER_HEARTBEAT_S + '
+        'RELEASE_POLL_S (11 s).')]
+
+
+def test_turning_the_pulse_off_is_a_warning(settings):
+    settings.FAIRSHARE = {**settings.FAIRSHARE, "RELEASE_POLL_S": 0}
+    assert fairshare_checks() == [("scheduling.W001", 'FAIRSHARE["RELEASE_POLL_S"] is 0: workers run no pulse.')]
+    assert not any(m.is_serious() for m in run_checks(tags=["fairshare"]))
+
+
+def test_metrics_networks_must_be_networks(settings):
+    settings.FAIRSHARE = {**settings.FAIRSHARE, "METRICS_ALLOWED_NETWORKS": "10.0.0.0/8, nope"}
+    assert fairshare_checks() == [
+        ("scheduling.E004", "FAIRSHARE[\"METRICS_ALLOWED_NETWORKS\"]: 'nope' is not a network.")]
+
+
+@pytest.mark.processes
+def test_qcluster_refuses_to_start_while_a_check_fails(export_root):
+    """django-q2's qcluster command runs Django's system checks before starting any worker."""
+    env = worker_env(export_root, Q_CLUSTER_NAME="exports", FAIRSHARE_EXPORT_TIMEOUT="30",
+                     FAIRSHARE_EXPORT_RETRY="30", FAIRSHARE_EXPORT_ATTEMPT_DEADLINE="20")
+
+    done = subprocess.run([sys.executable, "manage.py", "qcluster"], cwd=REPO, env=env,
+                          capture_output=True, text=True, timeout=120)
+
+    assert done.returncode == 1
+    assert ('(scheduling.E001) Q_CLUSTER cluster "exports": retry (30 s) must be larger than timeout (30 s).'
+            in done.stderr), done.stderr
+    assert "starting" not in (done.stdout + done.stderr).lower()

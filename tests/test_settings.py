@@ -1,0 +1,94 @@
+"""Settings: declared once per app, documented in README.md as declared, test-only seams refused
+outside the test suite."""
+import os
+import re
+import subprocess
+import sys
+
+import pytest
+from django.conf import settings
+from django.core.exceptions import ImproperlyConfigured
+
+from budgets import conf as budgets_conf
+from config import env, readme
+from exports import conf as exports_conf
+from scheduling import conf as scheduling_conf
+from scheduling import testing
+from tests.conftest import REPO, worker_env
+
+DECLARED = (*env.VARIABLES, *scheduling_conf.SETTINGS, *budgets_conf.SETTINGS, *exports_conf.SETTINGS,
+            testing.TESTING, *testing.SEAMS)
+
+
+def test_the_readme_configuration_tables_are_the_declarations():
+    text = readme.README.read_text()
+    assert readme.render(text) == text, "README.md is out of date: run `python -m config.readme --write`"
+
+
+def test_every_fairshare_key_is_declared_once():
+    keys = [s.key for s in DECLARED if s.key]
+    assert len(keys) == len(set(keys))
+    assert set(settings.FAIRSHARE) == set(keys) | set(readme.WIRED_IN_SETTINGS)
+
+
+def test_every_variable_is_declared_once_and_settings_read_no_other():
+    variables = [s.env for s in DECLARED if s.env]
+    assert len(variables) == len(set(variables))
+    # Everything config/settings.py reads goes through a declaration, so the README lists it.
+    source = (REPO / "config" / "settings.py").read_text()
+    assert "os.environ" not in source and "getenv" not in source
+
+
+def test_a_variable_sets_its_key_and_the_rest_keep_their_defaults():
+    values = scheduling_conf.read_settings(exports_conf.SETTINGS, environ={"FAIRSHARE_EXPORT_LEASE": "30"})
+    assert values["EXPORT_LEASE_S"] == 30
+    assert values["EXPORT_BATCH_ROWS"] == 10_000
+
+
+def test_a_malformed_number_names_its_variable():
+    with pytest.raises(ImproperlyConfigured) as refused:
+        scheduling_conf.read_settings(exports_conf.SETTINGS, environ={"FAIRSHARE_EXPORT_LEASE": "soon"})
+    assert str(refused.value) == "FAIRSHARE_EXPORT_LEASE must be a whole number (s), got 'soon'."
+
+
+def test_the_declarations_import_without_django_set_up():
+    code = ("import sys; import config.env, config.readme, scheduling.conf, scheduling.testing, budgets.conf, "
+            "exports.conf; assert 'django.conf' not in sys.modules, 'django.conf was imported'")
+    env_ = {k: v for k, v in os.environ.items() if k != "DJANGO_SETTINGS_MODULE"}
+    done = subprocess.run([sys.executable, "-c", code], cwd=REPO, env=env_, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+
+
+@pytest.mark.parametrize("seam", testing.SEAMS, ids=lambda seam: seam.env)
+def test_a_seam_is_refused_outside_the_test_suite(seam):
+    with pytest.raises(ImproperlyConfigured) as refused:
+        testing.refuse_seams_unless_testing({seam.env: "1"})
+    assert str(refused.value) == (
+        f"{seam.env} is test-only (scheduling/testing.py) and refused outside the test suite: unset it, "
+        "or export FAIRSHARE_TESTING=1 if this process belongs to a test.")
+    testing.refuse_seams_unless_testing({seam.env: "1", "FAIRSHARE_TESTING": "1"})  # allowed
+    testing.refuse_seams_unless_testing({seam.env: ""})  # unset in all but name: inert
+
+
+def test_a_process_with_a_seam_outside_the_test_suite_does_not_start():
+    env_ = {k: v for k, v in os.environ.items() if k != "FAIRSHARE_TESTING"}
+    env_.update(FAIRSHARE_CLOCK_OFFSET="86400", FAIRSHARE_FAULT="after_claim")
+
+    done = subprocess.run([sys.executable, "manage.py", "check"], cwd=REPO, env=env_, capture_output=True,
+                          text=True, timeout=60)
+
+    assert done.returncode == 1
+    assert ("ImproperlyConfigured: FAIRSHARE_CLOCK_OFFSET, FAIRSHARE_FAULT are test-only (scheduling/testing.py) "
+            "and refused outside the test suite") in done.stderr, done.stderr
+
+
+def test_workers_started_by_tests_may_use_seams(export_root):
+    assert worker_env(export_root)["FAIRSHARE_TESTING"] == "1"
+
+
+def test_the_readme_names_every_system_check():
+    ids = {found for app in ("scheduling", "budgets", "exports")
+           for found in re.findall(r'id="([a-z]+\.[EW]\d{3})"', (REPO / app / "checks.py").read_text())}
+    assert {"scheduling.E001", "budgets.E001", "exports.E001"} <= ids
+    text = readme.README.read_text()
+    assert [i for i in sorted(ids) if f"`{i}`" not in text] == []
