@@ -18,8 +18,8 @@ SETTINGS = (
     # The lease is renewed at every checkpoint, so it must outlast the slowest batch; batches are
     # counted in rows and the lease in seconds, so no start-up check can compare them.
     Setting("EXPORT_LEASE_S", "FAIRSHARE_EXPORT_LEASE", 120, parse=int, unit="s",
-            doc="an export attempt's claim lease, renewed at every checkpoint: an export whose attempt "
-                "stopped checkpointing for this long (its worker died) may be claimed again"),
+            doc="how long an export attempt's claim lasts without a checkpoint (renewed every batch): a "
+                "dead worker's export is sent again once it expires"),
     Setting("EXPORT_ATTEMPT_DEADLINE_S", "FAIRSHARE_EXPORT_ATTEMPT_DEADLINE", 1500, parse=int, unit="s",
             doc="how long one export attempt may take (checked at checkpoints); below the exports "
                 "queue's timeout"),

@@ -34,5 +34,6 @@ class SchedulingConfig(AppConfig):
         # Invariants between settings; `qcluster` runs them too (an Error stops it).
         from scheduling import checks as kernel_checks
 
-        for check in (kernel_checks.check_clusters, kernel_checks.check_pulse, kernel_checks.check_metrics_networks):
+        for check in (kernel_checks.check_clusters, kernel_checks.check_pulse, kernel_checks.check_stall_threshold,
+                      kernel_checks.check_metrics_networks):
             checks.register(check, "fairshare")

@@ -56,6 +56,20 @@ def check_pulse(app_configs=None, **kwargs) -> list[checks.CheckMessage]:
     return []
 
 
+def check_stall_threshold(app_configs=None, **kwargs) -> list[checks.CheckMessage]:
+    """A message waits up to a poll before even an idle worker fetches it: no alarm for that."""
+    stall_after = settings.FAIRSHARE["QUEUE_STALL_AFTER_S"]
+    slowest_poll = max(c.get("poll", 0) for c in clusters(settings.Q_CLUSTER).values())
+    if stall_after <= slowest_poll:
+        return [checks.Error(
+            f'FAIRSHARE["QUEUE_STALL_AFTER_S"] ({stall_after:g} s) must be larger than the slowest queue\'s '
+            f"poll ({slowest_poll:g} s).",
+            hint="A message waits up to a poll before an idle worker fetches it, so /healthz would report "
+                 "a working queue stalled. Raise FAIRSHARE_QUEUE_STALL_AFTER_S.",
+            id="scheduling.E005")]
+    return []
+
+
 def check_metrics_networks(app_configs=None, **kwargs) -> list[checks.CheckMessage]:
     errors = []
     for network in settings.FAIRSHARE["METRICS_ALLOWED_NETWORKS"].split(","):

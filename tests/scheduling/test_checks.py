@@ -50,6 +50,13 @@ def test_turning_the_pulse_off_is_a_warning(settings):
     assert not any(m.is_serious() for m in run_checks(tags=["fairshare"]))
 
 
+def test_the_stall_threshold_must_outwait_a_broker_poll(settings):
+    settings.Q_CLUSTER = {**settings.Q_CLUSTER, "poll": 2}
+    settings.FAIRSHARE = {**settings.FAIRSHARE, "QUEUE_STALL_AFTER_S": 2}
+    assert fairshare_checks() == [
+        ("scheduling.E005", 'FAIRSHARE["QUEUE_STALL_AFTER_S"] (2 s) must be larger than the slowest queue\'s poll (2 s).')]
+
+
 def test_metrics_networks_must_be_networks(settings):
     settings.FAIRSHARE = {**settings.FAIRSHARE, "METRICS_ALLOWED_NETWORKS": "10.0.0.0/8, nope"}
     assert fairshare_checks() == [
