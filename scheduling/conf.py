@@ -89,9 +89,9 @@ SETTINGS = (
     Setting("HEALTH_HEARTBEAT_MAX_AGE_S", "FAIRSHARE_HEALTH_HEARTBEAT_MAX_AGE", 60, parse=int, unit="s",
             doc="`/healthz` wants a worker per queue whose heartbeat is this recent"),
     Setting("QUEUE_STALL_AFTER_S", "FAIRSHARE_QUEUE_STALL_AFTER_S", 120.0, parse=float, unit="s",
-            doc="`/healthz` (503) and `fairshare_queue_stalled` call a queue stalled when a message waited "
-                "this long, no task of the queue started since it was sent and none is running: its "
-                "workers beat but do no work"),
+            doc="`/healthz` (503) and `fairshare_queue_stalled` call a queue stalled when a message no "
+                "cluster has fetched waited this long, no task of the queue started since it was sent and "
+                "none is running: its workers beat but do no work"),
     Setting("METRICS_TOKEN", "FAIRSHARE_METRICS_TOKEN", "", shown_default="unset",
             doc="a bearer token that may read `/metrics`"),
     Setting("METRICS_ALLOWED_NETWORKS", "FAIRSHARE_METRICS_ALLOWED_NETWORKS", "127.0.0.1/32,::1/128",
