@@ -13,9 +13,11 @@ import time
 from collections.abc import Callable
 from contextlib import contextmanager
 
+from scheduling.retries import MustWait
 
-class BudgetExhausted(Exception):
-    """The account's daily CPU budget ran out during this run."""
+
+class BudgetExhausted(MustWait):
+    """The account's daily CPU budget ran out during this run: not a failure, its job waits."""
 
 
 class RunBudget:
@@ -61,17 +63,6 @@ class RunBudget:
         if hard != resource.RLIM_INFINITY:
             limit = min(limit, hard)
         resource.setrlimit(resource.RLIMIT_CPU, (limit, hard))
-
-
-class UnlimitedBudget(RunBudget):
-    def __init__(self):
-        super().__init__(allowance_ms=0)
-
-    def remaining(self) -> int:
-        return math.inf
-
-    def check(self) -> None:
-        pass
 
 
 @contextmanager

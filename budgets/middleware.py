@@ -8,7 +8,7 @@ from django.conf import settings
 from django.db import connections
 
 from budgets import services
-from budgets.limits import BudgetExhausted, RunBudget, UnlimitedBudget, cpu_limit
+from budgets.limits import BudgetExhausted, RunBudget, cpu_limit
 from scheduling.models import Outcome
 from scheduling.services import worker_id
 
@@ -106,8 +106,7 @@ class BudgetMiddleware:
 
     def __call__(self, ctx) -> None:
         if not ctx.job.account_scoped:
-            ctx.budget = UnlimitedBudget()
-            return self.call_next(ctx)
+            return self.call_next(ctx)  # its allowance stays the kernel's unlimited one
         queue = ctx.job.queue
         admission = services.admit(
             envelope=ctx.envelope, queue=queue, estimate_ms=ctx.job.cpu_estimate_ms,

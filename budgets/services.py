@@ -5,15 +5,15 @@ from dataclasses import dataclass, replace
 from django.conf import settings
 from django.db import connection, transaction
 from django.db.models import F
-from django.db.models.functions import Now
 from django.utils import timezone
 
 from budgets import clock
-from budgets.metering import Meter
 from budgets.models import Account, Budget, Reservation, ReservationStatus, UsageDay
 from scheduling.envelope import Envelope
-from scheduling.models import DeferReason, DeferredTask, Outcome, TaskRun
-from scheduling.services import hold, release_oldest
+from scheduling.metering import Meter
+from scheduling.holding import hold, release_oldest
+from scheduling.models import DeferReason, DeferredTask
+from scheduling.services import task_run_mark_finished, task_run_mark_lost, task_run_mark_started
 
 
 @transaction.atomic
@@ -230,7 +230,7 @@ def admit(*, envelope: Envelope, queue: str, estimate_ms: int, task_run_id: int 
             # An admitted run is recorded from the moment it holds its slot (taken under the budget
             # lock, so after the settlement that freed the slot committed): the recorded runs of an
             # account never overlap more than its concurrency cap allows.
-            TaskRun.objects.filter(pk=task_run_id).update(started_at=timezone.now())
+            task_run_mark_started(run_id=task_run_id)
     return Admission(own, allowance_ms=reserve_ms)
 
 
@@ -319,7 +319,7 @@ def settle(
         if reservation.task_run_id:
             # ...and until it gives the slot back: before this transaction commits, so before
             # any run that takes the slot next is recorded as started.
-            TaskRun.objects.filter(pk=reservation.task_run_id).update(finished_at=timezone.now())
+            task_run_mark_finished(run_id=reservation.task_run_id)
         UsageDay.objects.filter(account_id=account_id, queue=queue, day=reservation.day).update(
             # A reclaimed run was already charged what it had reported; charge the rest.
             cpu_used_ms=F("cpu_used_ms") + max(0, meter.cpu_ms - reservation.cpu_charged_ms),
@@ -373,10 +373,8 @@ def reclaim_expired() -> int:
                 )
                 Reservation.objects.filter(pk=pk).update(status=ReservationStatus.RECLAIMED, cpu_charged_ms=charge)
                 if reservation.task_run_id:
-                    TaskRun.objects.filter(pk=reservation.task_run_id, outcome=Outcome.RUNNING).update(
-                        outcome=Outcome.LOST, cpu_ms=charge, finished_at=Now(),
-                        error_class="WorkerLost", error_message="the worker stopped heart-beating; its lease expired",
-                    )
+                    task_run_mark_lost(run_id=reservation.task_run_id, cpu_ms=charge,
+                                       reason="the worker stopped heart-beating; its lease expired")
             state = _state(account_id=account_id, queue=queue, day=day)
             _release(account_id=account_id, queue=queue, state=state, limit=1, day=day)
             reclaimed += 1

@@ -188,6 +188,9 @@ FAIRSHARE = {
         "budgets.middleware.BudgetMiddleware",
         "scheduling.middleware.RetryMiddleware",
     ],
+    # The enqueue-time checks account work passes before it is sent to the broker (dotted paths,
+    # like AUTHENTICATION_BACKENDS; see scheduling.runtime.EnqueueGate). A gate may hold the job.
+    "ENQUEUE_GATES": ["budgets.gate.BudgetGate"],
     # Each worker releases due held work this often, so a 2-second back-off is not held up by
     # django-q2's 30-second scheduler tick.
     "RELEASE_POLL_S": float(os.environ.get("FAIRSHARE_RELEASE_POLL", 1)),

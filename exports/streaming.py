@@ -24,8 +24,8 @@ from typing import BinaryIO
 from django.conf import settings
 from django.db import DEFAULT_DB_ALIAS, connections
 
-from budgets.metering import Meter
 from exports.sources import ExportSource, cell_sql, format_cell
+from scheduling.metering import Meter
 
 STRATEGIES = ("copy", "cursor", "orm")
 FLUSH_BYTES = 1 << 20  # buffer output in ~1 MiB writes

@@ -26,6 +26,6 @@ class SchedulingConfig(AppConfig):
 
         from django_q.signals import post_spawn
 
-        from scheduling.releaser import start_releaser
+        from scheduling.pulse import start_pulse
 
-        post_spawn.connect(start_releaser, dispatch_uid="fairshare.releaser")
+        post_spawn.connect(start_pulse, dispatch_uid="fairshare.pulse")

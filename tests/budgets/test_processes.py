@@ -17,15 +17,15 @@ from django.db.models import Count, Sum
 from django.utils import timezone
 
 from budgets import clock
-from budgets.metering import Meter
 from budgets.models import Budget, Reservation, ReservationStatus, UsageDay
 from budgets.services import admit, reclaim_expired, release_due, settle
 from exports.models import ExportRecord, ExportStatus
 from exports.services import export_request
 from scheduling.envelope import Envelope
+from scheduling.holding import release_now
+from scheduling.metering import Meter
 from scheduling.models import DeferReason, DeferredTask, Outcome, TaskRun
 from scheduling.runtime import enqueue, send
-from scheduling.services import release_now
 from tests.budgets.settlers import meter_figures, settle_runs
 from tests.conftest import wait_for, worker_env
 from tests.factories import AccountFactory, ActivityEventFactory
