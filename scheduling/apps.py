@@ -19,6 +19,9 @@ class SchedulingConfig(AppConfig):
     def ready(self) -> None:
         # Every app declares its jobs in `<app>/jobs.py`; importing them fills the registry.
         autodiscover_modules("jobs")
+        # ...and its /metrics families and /healthz checks in `<app>/ops.py` (the kernel's first).
+        import_module("scheduling.ops")
+        autodiscover_modules("ops")
         for module in settings.FAIRSHARE["EXTRA_JOB_MODULES"]:
             import_module(module)
         # Deploys run `migrate`: the declared schedules follow the code that declares them.
