@@ -1,4 +1,4 @@
-"""Writes of the budgets app: defaults, admission, settlement, reclaim and release."""
+"""Writes of the budgets app: defaults, admission, settlement, reclaim and release of held work."""
 import datetime as dt
 from dataclasses import dataclass, replace
 
@@ -275,15 +275,15 @@ def undispatch(*, envelope: Envelope, queue: str) -> None:
     Reservation.objects.filter(pk=dispatched.order_by("-pk").values_list("pk", flat=True).first()).delete()
 
 
-def reservation_heartbeat(*, reservation_id: int, cpu_ms: int) -> None:
-    """Called by a running task's heartbeat thread: report CPU so far and renew the lease."""
+def reservation_renew(*, reservation_id: int, cpu_ms: int) -> None:
+    """Called by a running task's watcher thread: report CPU so far and renew the lease."""
     Reservation.objects.filter(pk=reservation_id, status=ReservationStatus.ACTIVE).update(
         cpu_reported_ms=cpu_ms, lease_expires_at=_lease())
 
 
 def reservation_grow(*, reservation_id: int, cpu_ms: int, want_ms: int) -> int:
     """Reserve up to `want_ms` more CPU for a running task from what its account has left today;
-    also a heartbeat. Returns what was granted (0: the rest is used or reserved by other runs)."""
+    also renews the lease. Returns what was granted (0: the rest is used or reserved by other runs)."""
     reservation = Reservation.objects.filter(pk=reservation_id).values("account_id", "queue", "day").first()
     if reservation is None:
         return 0
@@ -302,7 +302,7 @@ def settle(
     *, reservation_id: int, account_id: int, queue: str, meter: Meter, cap_hit: bool = False,
     envelope: Envelope | None = None,
 ) -> bool:
-    """After a run: charge its measured CPU, release its reservation and slot, add its waits.
+    """After a run: charge its measured CPU, free its reservation and slot, add its waits.
 
     Exactly once: the reservation row is deleted here, and a second settlement finds nothing.
     A run stopped by the cap (`cap_hit`, with its `envelope`) waits in the holding area: for the
@@ -345,8 +345,8 @@ def settle(
 
 
 def reclaim_expired() -> int:
-    """Give back the slots of runs whose worker stopped heart-beating (it died) and of dispatched
-    jobs that never started (their message was lost).
+    """Give back the slots of runs that stopped renewing their lease (their worker died) and of
+    dispatched jobs that never started (their message was lost).
 
     Charges the CPU a dead run had reported, marks its TaskRun lost, and releases held work into
     the freed slot. Returns how many slots it reclaimed.
@@ -374,7 +374,7 @@ def reclaim_expired() -> int:
                 Reservation.objects.filter(pk=pk).update(status=ReservationStatus.RECLAIMED, cpu_charged_ms=charge)
                 if reservation.task_run_id:
                     task_run_mark_lost(run_id=reservation.task_run_id, cpu_ms=charge,
-                                       reason="the worker stopped heart-beating; its lease expired")
+                                       reason="the run stopped renewing its lease (its worker died)")
             state = _state(account_id=account_id, queue=queue, day=day)
             _release(account_id=account_id, queue=queue, state=state, limit=1, day=day)
             reclaimed += 1
