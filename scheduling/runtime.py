@@ -103,14 +103,19 @@ def enqueue(*, job: str, account: int | None, ref: str) -> str | None:
         return send(job=job, account=account, ref=ref)
     envelope = Envelope(job=spec.name, account=account, ref=str(ref))
     admitted: list[EnqueueGate] = []
+    for gate in enqueue_gates():
+        try:
+            ok = gate.admit(envelope=envelope, queue=spec.queue)
+        except BaseException:
+            _undo(admitted, envelope=envelope, queue=spec.queue)
+            raise
+        if not ok:  # held by that gate; the gates before it give back what they took
+            _undo(admitted, envelope=envelope, queue=spec.queue)
+            return None
+        admitted.append(gate)
     try:
-        for gate in enqueue_gates():
-            if not gate.admit(envelope=envelope, queue=spec.queue):
-                _undo(admitted, envelope=envelope, queue=spec.queue)
-                return None
-            admitted.append(gate)
         return send(job=job, account=account, ref=ref)
-    except BaseException:
+    except BaseException:  # the broker refused it: nothing is on its way, so nothing holds a slot
         _undo(admitted, envelope=envelope, queue=spec.queue)
         raise
 
