@@ -4,11 +4,29 @@ from collections import Counter
 from dataclasses import dataclass
 
 from django.conf import settings
-from django.db.models import QuerySet
+from django.db.models import Q, QuerySet
+from django.utils import timezone
 
 from budgets import clock
 from budgets.models import Account, Budget, Reservation, ReservationStatus, UsageDay
 from scheduling.models import DeferredTask
+
+
+def refs_in_flight(*, job: str, sent_since: dt.datetime) -> QuerySet[str]:
+    """Refs of `job` that hold a live slot: running with a lease that has not expired, or sent to
+    the broker (dispatched) at or after `sent_since` and not started yet.
+
+    A reclaimed slot (its worker died) and a run whose lease expired are not in flight, whatever
+    is left of their rows: the work they carried needs its doorbell rung again.
+    """
+    now = timezone.now()
+    # A dispatched slot's lease runs DISPATCH_LEASE_S from when it was sent (or last re-sent).
+    sent_lease_cutoff = sent_since + dt.timedelta(seconds=settings.FAIRSHARE["DISPATCH_LEASE_S"])
+    return Reservation.objects.filter(
+        Q(status=ReservationStatus.ACTIVE, lease_expires_at__gte=now)
+        | Q(status=ReservationStatus.DISPATCHED, lease_expires_at__gte=sent_lease_cutoff),
+        job=job,
+    ).values_list("ref", flat=True)
 
 
 @dataclass(frozen=True)
@@ -53,15 +71,3 @@ def budget_status(*, accounts: QuerySet[Account] | None = None) -> list[BudgetSt
         ))
     return rows
 
-
-def refs_in_flight(*, job: str, sent_since: dt.datetime) -> list[str]:
-    """Refs of `job` whose message is believed to be on its way or running: every slot but a
-    dispatch sent (or last re-sent) before `sent_since` that has not started, whose message is
-    presumed lost (sending it again goes out on the same slot)."""
-    # A dispatched slot's lease ends DISPATCH_LEASE_S after it was sent or last re-sent.
-    sent_lease_ends = sent_since + dt.timedelta(seconds=settings.FAIRSHARE["DISPATCH_LEASE_S"])
-    return list(
-        Reservation.objects.filter(job=job)
-        .exclude(status=ReservationStatus.DISPATCHED, lease_expires_at__lt=sent_lease_ends)
-        .values_list("ref", flat=True)
-    )

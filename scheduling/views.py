@@ -47,8 +47,9 @@ def metrics(request):
 @never_cache
 @require_GET
 def healthz(request):
-    """200 when every contributed check is fine (the database, a worker per queue, export
-    storage, …); 503 naming what is not."""
+    """200 when every contributed check is fine (the database, each queue's workers - heard from
+    recently and not stalled, see scheduling/liveness.py - export storage, …); 503 naming what is
+    not."""
     checks = monitoring.run_health_checks()
     failing = {name: problem for name, problem in checks.items() if problem}
     body = {"status": "fail" if failing else "ok", "checks": {n: p or "ok" for n, p in checks.items()}}
