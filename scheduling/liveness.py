@@ -4,15 +4,16 @@ A worker's heartbeat is written by its pulse thread, which keeps running while t
 thread is stuck: after an idle worker is SIGKILLed while holding the pool's task-queue lock
 (django-q2 upstream issue, see docs/architecture.md "Running workers in production"), the
 reincarnated workers beat and never run a task. So a heartbeat only shows that a process exists;
-that a pool works is shown by work. A queue is **stalled** when a message has waited longer than
-FAIRSHARE["QUEUE_STALL_AFTER_S"], no task of the queue has started since that message was sent,
-and no task of the queue is running on a live worker (a pool busy with long tasks is busy, not
-stalled).
+that a pool works is shown by work. A queue is **stalled** when a message that no cluster has
+fetched has waited longer than FAIRSHARE["QUEUE_STALL_AFTER_S"], no task of the queue has started
+since that message was sent, and no task of the queue is running on a live worker (a pool busy
+with long tasks is busy, not stalled).
 
-Two messages are looked at: the oldest in the broker, and (ORM broker) the oldest not fetched by
-any cluster. The first catches a stuck pool that fetched the message it cannot run; the second a
-stuck pool behind a message an earlier, killed pool fetched and never acknowledged (redelivered
-only after `retry`: while a working pool starts tasks after it was sent, it raises no alarm).
+Only messages nobody fetched count. A stuck pool fetches a few (its pusher fills the pool's
+internal queue: `queue_limit`, workers² by default, plus one) and then stops fetching, so the
+messages behind them wait in the broker, and those are what shows the stall. Messages fetched by
+a pool that was killed stay in the ORM broker until `retry` redelivers them; a restart cannot
+speed that up, so they must not raise the alarm (the reconciler re-sends exports among them).
 """
 import datetime as dt
 from dataclasses import dataclass
@@ -36,13 +37,13 @@ def _sent_at(payload) -> dt.datetime | None:
 
 
 def _oldest_sent(queue: str, broker) -> tuple[dt.datetime | None, dt.datetime | None]:
-    """When the oldest message in `queue` was sent, and the oldest not fetched by a cluster yet
+    """When the oldest message in `queue` was sent, and the oldest no cluster has fetched yet
     (ORM and Redis brokers; a Redis message leaves the list when it is fetched)."""
     if isinstance(broker, ORM):  # also the FifoORM subclass configured in settings
         messages = OrmQ.objects.filter(key=queue).order_by("id").values_list("payload", flat=True)
         oldest = messages.first()
-        available = messages.filter(lock__lt=timezone.now()).first()
-        return (_sent_at(oldest) if oldest else None), (_sent_at(available) if available else None)
+        waiting = messages.filter(lock__lt=timezone.now()).first()
+        return (_sent_at(oldest) if oldest else None), (_sent_at(waiting) if waiting else None)
     if broker.__class__.__name__ == "Redis":
         oldest = broker.connection.lindex(broker.list_key, 0)
         sent = _sent_at(oldest) if oldest else None
@@ -74,15 +75,14 @@ class QueueHealth:
 
 def _health(queue: str, workers: list[str], now: dt.datetime, stall_after: float) -> QueueHealth:
     broker = get_broker(queue)
-    oldest, available = _oldest_sent(queue, broker)
-    waiting = [sent for sent in (oldest, available) if sent and (now - sent).total_seconds() > stall_after]
+    oldest, waiting = _oldest_sent(queue, broker)
     idle_s, busy, stalled = None, False, False
-    if waiting:
+    if waiting and (now - waiting).total_seconds() > stall_after:
         runs = TaskRun.objects.filter(queue=queue)
         last_start = runs.order_by("-started_at").values_list("started_at", flat=True).first()
         idle_s = (now - last_start).total_seconds() if last_start else None
         busy = runs.filter(outcome=Outcome.RUNNING, worker__in=workers).exists()
-        stalled = not busy and any(last_start is None or last_start < sent for sent in waiting)
+        stalled = not busy and (last_start is None or last_start < waiting)
     return QueueHealth(queue=queue, depth=broker.queue_size() or 0,
                        oldest_age_s=(now - oldest).total_seconds() if oldest else 0.0,
                        workers=len(workers), idle_s=idle_s, busy=busy, stalled=stalled)
@@ -101,6 +101,6 @@ def queue_problem(health: QueueHealth) -> str | None:
         return f"no worker heard from in {settings.FAIRSHARE['HEALTH_HEARTBEAT_MAX_AGE_S']} s"
     if health.stalled:
         idle = "no task has ever started" if health.idle_s is None else f"no task started for {health.idle_s:.0f} s"
-        return (f"stalled: a message has waited {health.oldest_age_s:.0f} s and {idle} "
+        return (f"stalled: messages wait, the oldest for {health.oldest_age_s:.0f} s, and {idle} "
                 f"while {health.workers} worker(s) report alive; restart the pool")
     return None
