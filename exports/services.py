@@ -8,7 +8,7 @@ from uuid import UUID
 from zoneinfo import ZoneInfo
 
 from django.conf import settings
-from django.core.mail import send_mail
+from django.core.mail import EmailMessage
 from django.db import IntegrityError, transaction
 from django.db.models import DurationField, F, Q, Value
 from django.db.models.functions import Coalesce, Now, NullIf
@@ -16,8 +16,8 @@ from django.utils import timezone
 
 from budgets.limits import BudgetExhausted, RunBudget, UnlimitedBudget
 from budgets.metering import Meter
-from budgets.models import Account, Reservation, ReservationStatus
-from budgets.selectors import can_export, membership_of
+from budgets.models import Account
+from budgets.selectors import can_export, membership_of, refs_in_flight
 from exports import storage
 from exports.models import (
     AttemptOutcome, ExportAttempt, ExportFormat, ExportRecord, ExportSchedule, ExportStatus, SchedulePeriod,
@@ -281,14 +281,17 @@ def export_notify_once(*, export_id: UUID) -> bool:
         record = ExportRecord.objects.select_related("account", "requested_by").get(pk=export_id)
         user = record.requested_by
         if user is not None and user.email:
-            # Sent inside the transaction: if sending fails, notified_at rolls back and a retry
-            # sends it. No customer data in the message, only where to fetch the file.
-            send_mail(
+            # Sent inside the transaction that marks it (docs/architecture.md, "Notification"):
+            # if sending fails, notified_at rolls back and the next run or reconciler tick sends
+            # it; only a crash between the mail server's acceptance and this commit can send it
+            # twice, and then both copies carry the same Message-ID. No customer data in the
+            # message, only where to fetch the file.
+            EmailMessage(
                 subject=f"Your {record.source} export of {record.account.name} is ready",
-                message=(f"Export {record.pk} ({record.start_date} to {record.end_date}) finished with "
-                         f"{record.row_count} rows.\nDownload it (sign-in required): /api/exports/{record.pk}/download/\n"),
-                from_email=None, recipient_list=[user.email],
-            )
+                body=(f"Export {record.pk} ({record.start_date} to {record.end_date}) finished with "
+                      f"{record.row_count} rows.\nDownload it (sign-in required): /api/exports/{record.pk}/download/\n"),
+                to=[user.email], headers={"Message-ID": f"<export-ready-{record.pk}@fairshare>"},
+            ).send()
     return True
 
 
@@ -318,6 +321,7 @@ def export_build(
     decides between a retry and giving up (`export_give_up`).
     """
     budget = budget or UnlimitedBudget()
+    fault_point("before_claim")
     attempt = export_claim(export_id=export_id, account_id=account_id, owner=owner, task_run=task_run)
     if attempt is None:
         # Nothing to build — but a run that died after completing may still owe the notification.
@@ -374,6 +378,7 @@ def export_build(
         _record_failure(attempt, rows=rows, error=exc)
         raise
     _attempt_finish(attempt, outcome=outcome, rows=result.rows)
+    fault_point("before_notify")
     export_notify_once(export_id=record.pk)
     fault_point("after_complete")
     logger.info("export completed", extra={"export": str(record.pk), "rows": result.rows, "how": outcome})
@@ -415,24 +420,26 @@ def _build_and_publish(record: ExportRecord, *, key: str, meter: Meter, on_batch
 
 
 def reconcile_exports() -> int:
-    """Re-ring the doorbell for exports whose message was lost: `queued` with nobody running or
-    holding them for a while, or `running` with an expired lease (the worker died). Returns how
-    many it re-sent. The claim decides what actually runs, so a spare message costs nothing."""
+    """Repair what a lost doorbell or a dead worker left behind; returns how many exports it
+    touched: re-sent (see `_resend_lost`) plus notices sent (see `_notify_unnotified`)."""
+    return _resend_lost() + _notify_unnotified()
+
+
+def _resend_lost() -> int:
+    """Re-ring the doorbell for exports whose message was lost: `queued` for a while with nothing
+    in flight or held for them, or `running` with an expired lease (the worker died). The claim
+    decides what actually runs, so a spare message costs nothing."""
     now = timezone.now()
     stale = now - dt.timedelta(seconds=settings.FAIRSHARE["EXPORT_STALE_AFTER_S"])
     held = DeferredTask.objects.filter(job=BUILD_JOB).values_list("ref", flat=True)
-    # Running, or sent less than the stale time ago. A dispatched slot's lease ends DISPATCH_LEASE
-    # after it was sent (or last re-sent); one sent before the stale time whose export is still
-    # queued lost its message, and re-sending goes out on the same slot.
-    sent_before_stale = now + dt.timedelta(
-        seconds=settings.FAIRSHARE["DISPATCH_LEASE_S"] - settings.FAIRSHARE["EXPORT_STALE_AFTER_S"])
-    running = (Reservation.objects.filter(job=BUILD_JOB)
-               .exclude(status=ReservationStatus.DISPATCHED, lease_expires_at__lt=sent_before_stale)
-               .values_list("ref", flat=True))
+    # A slot whose run was reclaimed (its worker died after admission, before the claim) carries
+    # nothing any more; a message sent before the stale time whose export is still queued was
+    # lost, and re-sending goes out on the same slot.
+    in_flight = refs_in_flight(job=BUILD_JOB, sent_since=stale)
     lost = (
         ExportRecord.objects.filter(status=ExportStatus.QUEUED, created_at__lt=stale)
         # Refs are text and ids UUIDs: compared in Python, not as a subquery.
-        .exclude(pk__in=[*held, *running])
+        .exclude(pk__in=[*held, *in_flight])
         | ExportRecord.objects.filter(status=ExportStatus.RUNNING, lease_expires_at__lt=now)
     )
     count = 0
@@ -440,6 +447,14 @@ def reconcile_exports() -> int:
         enqueue(job=BUILD_JOB, account=account_id, ref=str(export_id))
         count += 1
     return count
+
+
+def _notify_unnotified() -> int:
+    """Send the "export ready" notice a worker owed when it died between completing the export and
+    notifying (no broker redelivers that run: Redis never does, the ORM broker only after `retry`).
+    `export_notify_once` decides under the row lock, so a racing worker and this never both send."""
+    pending = ExportRecord.objects.filter(status=ExportStatus.SUCCEEDED, notified_at__isnull=True)
+    return sum(export_notify_once(export_id=export_id) for export_id in pending.values_list("pk", flat=True))
 
 
 # --- Maintenance and recurring exports -------------------------------------------------------
