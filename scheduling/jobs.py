@@ -30,5 +30,6 @@ def prune_django_q(ctx) -> None:
 def noop(ctx) -> None:
     """Does nothing, through the whole runner and middleware chain (admission, metering,
     settlement): the small job of the capacity rehearsal (`manage.py rehearse --small-jobs`),
-    standing in for the cheap tasks that share the default queue with real work."""
+    standing in for the cheap tasks that share the default queue with real work, and the chain
+    path of bench/budget_overhead.py. The one no-op job (tests register it as "tests.noop")."""
     ctx.items = 1
