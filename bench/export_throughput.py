@@ -7,7 +7,7 @@
 
 For each size it measures, `--repeat` times (median reported):
 - the baseline: `psql -c "COPY (<the job's own SELECT>) TO STDOUT (FORMAT csv, FORCE_QUOTE *)"`
-  written to a file, the statement built from `exports.streaming._copy_statement` and the
+  written to a file, the statement built from `exports.streaming.copy_statement` and the
   `activity` source's queryset (parameters inlined with psycopg's `ClientCursor.mogrify`), so it
   cannot drift from what the job runs;
 - a full export through the real job: `exports.services.export_request`, processed by a real
@@ -31,7 +31,6 @@ import datetime as dt
 import hashlib
 import json
 import os
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -41,7 +40,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # the repository, for `bench.harness`
 from bench import harness as h  # noqa: E402  (shared plumbing)
-from bench.harness import REPO, RESULTS_DIR, Cluster, fmt, log, machine_info, redact_url, setup_django  # noqa: E402
+from bench.harness import (  # noqa: E402
+    REPO, RESULTS_DIR, Cluster, fmt, log, machine_info, median, redact_url, setup_django,
+)
 
 DEFAULT_DB_NAME = "fairshare_bench"
 
@@ -49,7 +50,7 @@ DEFAULT_DB_NAME = "fairshare_bench"
 EXPORT_START = dt.date(2026, 1, 1)
 EXPORT_END = dt.date(2026, 3, 31)
 SPAN_SECONDS = 90 * 86400
-DATA_VERSION = 1  # bump when the generated rows change, so old data sets are rebuilt
+DATA_VERSION = 2  # bump when the generated rows change, so old data sets are rebuilt (2: sample_data)
 NOISE_SHARE = 4  # each size's account gets a neighbour account with 1/NOISE_SHARE as many rows
 
 THROUGHPUT_GOAL = 0.8  # the job's throughput relative to COPY's, at the full size
@@ -93,49 +94,22 @@ def run_with_rusage(cmd: list[str], *, stdout, env: dict[str, str], timeout: flo
 
 # --- The data set -----------------------------------------------------------------------------------
 
-# One statement per account: `n` rows for the measured account interleaved in time with `m` rows of
-# its neighbour (so the account filter matters and the heap is shared), deterministic (hashint8 of
-# the row number, no random()). Text is realistic: e-mail addresses, dotted event types, amounts
-# with negatives, descriptions with commas, double quotes, newlines, non-ASCII and the formula
-# triggers the export must neutralise (=, +, -, @, tab).
-INSERT_SQL = """
-INSERT INTO exports_activityevent (account_id, occurred_at, actor_email, event_type, amount, description)
-SELECT account_id, occurred_at, actor_email, event_type, amount, description FROM (
-  SELECT
-    g.account_id,
-    TIMESTAMPTZ '{start} 00:00:00+00'
-      + make_interval(secs => ((g.i - 1) + (g.h % 1000) / 1000.0) * ({span}.0 / g.n)) AS occurred_at,
-    CASE WHEN g.h % 50 = 0 THEN '-' ELSE '' END
-      || (ARRAY['ana','bram','chloe','dev','eve','femke','gus','hana','ivo','jun','kees','lotte'])[1 + g.h % 12]
-      || '.' || (ARRAY['devries','jansen','obrien','smith','muller','nakamura','garcia','okafor'])[1 + (g.h / 12) % 8]
-      || (g.h % 997)::text || '@'
-      || (ARRAY['example.com','acme.io','mail.example.org','globex.co.uk'])[1 + (g.h / 96) % 4] AS actor_email,
-    (ARRAY['invoice.paid','invoice.refunded','user.login','user.logout','export.requested',
-           'seat.added','plan.changed','payment.failed'])[1 + (g.h / 384) % 8] AS event_type,
-    round(((g.h / 3072) % 2000001 - 400000) / 100.0, 2) AS amount,
-    CASE (g.h / 7) % 20
-      WHEN 10 THEN 'Refund for order #' || g.i || ', reason: "damaged in transit", ticket ' || (g.h % 9999)
-      WHEN 11 THEN 'Seat added for ' || (ARRAY['Ana','Bram','Chloé'])[1 + g.h % 3] || ' (role: "operator")'
-      WHEN 12 THEN E'\\tindented memo ' || g.i
-      WHEN 13 THEN '=HYPERLINK("http://evil.example/?q=' || g.i || '","click me")'
-      WHEN 14 THEN '+31 20 ' || lpad((g.h % 10000000)::text, 7, '0')
-      WHEN 15 THEN '@team: see the "Q1, budget" sheet'
-      WHEN 16 THEN '-' || (g.h % 500) || ' credits adjusted'
-      WHEN 17 THEN E'Note from support:\\nsecond line, with a comma'
-      WHEN 18 THEN 'Café Zürich — naïve résumé, ' || (g.h % 100) || ' €'
-      WHEN 19 THEN ''
-      ELSE 'Invoice INV-' || lpad(g.i::text, 8, '0') || ' paid via card ending ' || lpad((g.h % 10000)::text, 4, '0')
-    END AS description
-  FROM (
-    SELECT {account}::bigint AS account_id, i, {n}::bigint AS n, abs(hashint8(i * 31 + {account})::bigint) AS h
-    FROM generate_series(1, {n}) AS i
-    UNION ALL
-    SELECT {noise}::bigint, i, {m}::bigint, abs(hashint8(i * 31 + {noise})::bigint)
-    FROM generate_series(1, {m}) AS i
-  ) AS g
-) AS generated
-ORDER BY occurred_at
-"""
+def generate(account, rows: int, neighbour, noise: int) -> None:
+    """`rows` realistic rows of the account (exports.sample_data, seeded by its slug) interleaved in
+    time, and so on disk, with `noise` rows of its neighbour: the account filter matters and the
+    heap is shared. One COPY, in time order."""
+    import heapq
+
+    from django.db import connection
+
+    from exports.sample_data import activity_rows, insert_activity
+
+    since = dt.datetime.combine(EXPORT_START, dt.time.min, tzinfo=dt.UTC)
+    series = [activity_rows(account_id=a.pk, count=n, since=since, span_s=SPAN_SECONDS, seed=a.slug)
+              for a, n in ((account, rows), (neighbour, noise))]
+    with connection.cursor() as cur:
+        cur.execute("DELETE FROM exports_activityevent WHERE account_id IN (%s, %s)", [account.pk, neighbour.pk])
+    insert_activity(heapq.merge(*series, key=lambda row: row[1]))
 
 
 def account_slug(rows: int) -> str:
@@ -168,17 +142,7 @@ def ensure_dataset(sizes: list[int]) -> dict[int, dict]:
         if (have, have_noise, account.name, neighbour.name) != (rows, noise, marker, marker):
             log(f"generating {rows:,} activity rows (+{noise:,} for a neighbour account)")
             t0 = time.perf_counter()
-            with connection.cursor() as cur:
-                cur.execute("DELETE FROM exports_activityevent WHERE account_id IN (%s, %s)", [account.pk, neighbour.pk])
-                cur.execute("SET work_mem = '256MB'")
-                cur.execute("SET synchronous_commit = off")
-                # Only integers are formatted in: no parameters, so `%` stays the modulo operator.
-                cur.execute(INSERT_SQL.format(
-                    start=EXPORT_START.isoformat(), span=SPAN_SECONDS,
-                    account=int(account.pk), n=int(rows), noise=int(neighbour.pk), m=int(noise),
-                ))
-                cur.execute("RESET work_mem")
-                cur.execute("RESET synchronous_commit")
+            generate(account, rows, neighbour, noise)
             Account.objects.filter(pk__in=[account.pk, neighbour.pk]).update(name=marker)
             log(f"  inserted in {time.perf_counter() - t0:.1f}s")
             inserted = True
@@ -223,11 +187,11 @@ def job_copy_sql(account_id: int) -> str:
     from psycopg import ClientCursor
 
     from exports.sources import get_source
-    from exports.streaming import _copy_statement
+    from exports.streaming import copy_statement
 
     source = get_source("activity")
     since, until = export_bounds()
-    statement, params = _copy_statement(source, source.queryset(account_id=account_id, since=since, until=until))
+    statement, params = copy_statement(source, source.queryset(account_id=account_id, since=since, until=until))
     connection.ensure_connection()
     # Django's own psycopg connection: the same adapters (and so the same literals) as the job.
     return ClientCursor(connection.connection).mogrify(statement, params)
@@ -235,9 +199,9 @@ def job_copy_sql(account_id: int) -> str:
 
 def csv_header_bytes() -> bytes:
     from exports.sources import get_source
-    from exports.streaming import _line_renderer
+    from exports.streaming import line_renderer
 
-    return _line_renderer()([get_source("activity").header])
+    return line_renderer()([get_source("activity").header])
 
 
 def sha256_of(path: Path, *, prefix: bytes = b"") -> str:
@@ -298,9 +262,9 @@ def measure_job(*, cluster: Cluster, slug: str, user, start: dt.date, end: dt.da
         if status in (ExportStatus.SUCCEEDED, ExportStatus.FAILED, ExportStatus.CANCELLED):
             break
         if not cluster.alive():
-            raise RuntimeError(f"the qcluster exited ({cluster.proc.returncode}):\n{cluster.log_tail()}")
+            raise RuntimeError(f"the qcluster exited ({cluster.returncode}):\n{cluster.tail(40)}")
         if time.perf_counter() > deadline:
-            raise RuntimeError(f"export {record.pk} not finished after {JOB_TIMEOUT_S}s:\n{cluster.log_tail()}")
+            raise RuntimeError(f"export {record.pk} not finished after {JOB_TIMEOUT_S}s:\n{cluster.tail(40)}")
         time.sleep(0.02)
     observed_s = time.perf_counter() - t0
     record.refresh_from_db()
@@ -313,7 +277,7 @@ def measure_job(*, cluster: Cluster, slug: str, user, start: dt.date, end: dt.da
         if run is not None:
             break
         if time.perf_counter() > deadline or not cluster.alive():
-            raise RuntimeError(f"no finished TaskRun for export {record.pk}:\n{cluster.log_tail()}")
+            raise RuntimeError(f"no finished TaskRun for export {record.pk}:\n{cluster.tail(40)}")
         time.sleep(0.02)
     worker_pid = int(run.worker.rsplit(":", 1)[-1]) if ":" in run.worker else None
     published = export_root / record.output_key
@@ -356,7 +320,7 @@ def measure_in_process(*, strategy: str, account_id: int, tmp_dir: Path, env: di
 def child_stream(strategy: str, account_id: int, tmp_dir: Path) -> None:
     """Child process: one metered stream_csv run into a temporary file; prints JSON."""
     setup_django()
-    from budgets.metering import Meter
+    from scheduling.metering import Meter
     from exports.sources import get_source
     from exports.streaming import stream_csv
 
@@ -378,13 +342,6 @@ def child_stream(strategy: str, account_id: int, tmp_dir: Path) -> None:
 
 
 # --- Reporting --------------------------------------------------------------------------------------
-
-def median(values):
-    # Not harness.median (interpolated, always a float): the median of an odd count stays the value
-    # itself, so byte counts and peak RSS keep their integer form in the JSON.
-    values = [v for v in values if v is not None]
-    return statistics.median(values) if values else None
-
 
 def summarise(path_runs: list[dict], *, rows: int, key: str = "seconds") -> dict:
     seconds = median([r[key] for r in path_runs])
@@ -503,19 +460,16 @@ def main(argv=None) -> int:
     header = csv_header_bytes()
 
     tmp = tempfile.TemporaryDirectory(prefix="fairshare-bench-")
-    h._cleanups.append(tmp.cleanup)
+    h.at_exit(tmp.cleanup)
     tmp_dir = Path(tmp.name)
     export_root = tmp_dir / "exports"
     export_root.mkdir()
 
     cluster = None
     if not args.no_job:
-        cluster_env = {
-            **env, "FAIRSHARE_EXPORTS_ROOT": str(export_root), "FAIRSHARE_EXPORT_WORKERS": "1",
-            "FAIRSHARE_POLL": "0.1", "PYTHONUNBUFFERED": "1", "LOG_LEVEL": "INFO",
-        }
+        cluster_env = h.cluster_env(poll=0.1, FAIRSHARE_EXPORTS_ROOT=str(export_root), FAIRSHARE_EXPORT_WORKERS="1")
         log("starting qcluster (queue exports, 1 worker)")
-        cluster = Cluster(cluster_env, tmp_dir / "qcluster-exports.log", queue="exports")
+        cluster = h.start_cluster(cluster_env, tmp_dir / "qcluster-exports.log", queue="exports")
         # Warm-up and readiness: one small export (one day of the small account), not measured.
         warm = measure_job(cluster=cluster, slug=accounts[args.small]["slug"], user=user,
                            start=EXPORT_START, end=EXPORT_START, export_root=export_root)

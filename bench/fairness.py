@@ -3,7 +3,7 @@
 
     .venv/bin/python bench/fairness.py            # A floods 2,000 jobs
     .venv/bin/python bench/fairness.py --quick    # A floods 300 jobs
-    .venv/bin/python bench/fairness.py --flood 5000 --job-ms 0   # tests.noop instead of tests.sleep
+    .venv/bin/python bench/fairness.py --flood 5000 --job-ms 0   # scheduling.noop instead of tests.sleep
 
 One real `manage.py qcluster` (2 workers, ORM broker, the benchmark's own database) and two accounts:
 A (max_concurrent 1) and B (max_concurrent 2), both with a daily CPU budget of 3,600 s.
@@ -13,7 +13,7 @@ A (max_concurrent 1) and B (max_concurrent 2), both with a daily CPU budget of 3
    first job is in, B enqueues 50 jobs again, one every 50 ms, while A's flood is enqueued and
    worked off. The benchmark then waits for A's flood to finish (to read A's ledger).
 
-Jobs are `tests.sleep` with ref "20/<id>" (20 ms of sleep, no CPU) unless --job-ms 0 (`tests.noop`).
+Jobs are `tests.sleep` with ref "20/<id>" (20 ms of sleep, no CPU) unless --job-ms 0 (`scheduling.noop`).
 B's wait = its admitted TaskRun's started_at minus the time this process recorded just before the
 enqueue call (a held-then-released job counts from its first enqueue). Reported: B's p50/p95/max
 wait in both phases; A's CPU used against its daily cap (UsageDay.cpu_used_ms vs
@@ -44,7 +44,7 @@ B_TIMEOUT_S = 300
 
 
 def job_name(job_ms: int) -> str:
-    return "tests.sleep" if job_ms > 0 else "tests.noop"
+    return "tests.sleep" if job_ms > 0 else "scheduling.noop"
 
 
 def ref(job_ms: int, name: str) -> str:
@@ -96,7 +96,7 @@ class Flood:
         self.finished_at: float | None = None
         self._reader = threading.Thread(target=self._read, daemon=True)
         self._reader.start()
-        h._cleanups.append(self.kill)
+        h.at_exit(self.kill)
 
     def _read(self) -> None:
         for line in self.proc.stdout:
@@ -246,7 +246,7 @@ def parse_args(argv=None):
     p.add_argument("--flood", type=int, help="A's jobs (default 2000; 300 with --quick)")
     p.add_argument("--b-jobs", type=int, default=50)
     p.add_argument("--b-spacing-ms", type=float, default=50)
-    p.add_argument("--job-ms", type=int, default=20, help="tests.sleep milliseconds; 0 = tests.noop")
+    p.add_argument("--job-ms", type=int, default=20, help="tests.sleep milliseconds; 0 = scheduling.noop")
     p.add_argument("--a-cap", type=int, default=1, help="A's max_concurrent")
     p.add_argument("--b-cap", type=int, default=2, help="B's max_concurrent")
     p.add_argument("--a-cpu-seconds", type=int, default=3600)
@@ -287,10 +287,10 @@ def main(argv=None) -> int:
         f"({args.job_ms} ms); B sends {args.b_jobs} every {args.b_spacing_ms:.0f} ms")
 
     tmp = tempfile.TemporaryDirectory(prefix="fairshare-bench-")
-    h._cleanups.append(tmp.cleanup)
+    h.at_exit(tmp.cleanup)
     env = h.cluster_env(workers=args.workers, poll=args.poll, FAIRSHARE_EXPORTS_ROOT=str(Path(tmp.name) / "exports"))
     log(f"starting qcluster ({args.workers} workers, poll {args.poll}s)")
-    cluster = h.Cluster(env, Path(tmp.name) / "qcluster.log")
+    cluster = h.start_cluster(env, Path(tmp.name) / "qcluster.log")
     results = {
         "benchmark": "fairness", "timestamp": h.utc_timestamp(),
         "parameters": {

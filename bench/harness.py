@@ -3,9 +3,10 @@
 - each benchmark owns a PostgreSQL database (created and migrated here, never the one DATABASE_URL
   names): DATABASE_URL's server (default postgres://postgres@127.0.0.1:5432) with the benchmark's
   database name, or BENCH_DATABASE_URL verbatim;
-- real `manage.py qcluster` processes with the ORM broker in that database, stopped by PID: SIGTERM
-  to the main PID (graceful), then SIGKILL to whatever is left of its session;
-- machine information, percentiles and a plain-text table for the reports.
+- real `manage.py qcluster` processes with the ORM broker in that database, started and stopped
+  by `scheduling.processes` (the one process control of tests, benchmarks and `rehearse`), and
+  stopped at exit whatever happens;
+- machine information for the reports (percentiles and tables: `scheduling.reporting`).
 """
 from __future__ import annotations
 
@@ -13,7 +14,6 @@ import atexit
 import contextlib
 import datetime as dt
 import json
-import math
 import os
 import platform
 import signal
@@ -26,6 +26,11 @@ from urllib.parse import urlsplit, urlunsplit
 REPO = Path(__file__).resolve().parent.parent
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))  # `python bench/x.py` puts bench/ first on sys.path, not the repo
+
+from scheduling import processes  # noqa: E402  (importable before django.setup())
+from scheduling.processes import Cluster  # noqa: E402
+# The one percentile and table renderer, here for the benchmarks as h.median, h.render_table, ...
+from scheduling.reporting import fmt, median, percentile, render_table  # noqa: E402, F401
 RESULTS_DIR = REPO / "bench" / "results"
 DEFAULT_SERVER_URL = "postgres://postgres@127.0.0.1:5432/postgres"
 
@@ -55,8 +60,9 @@ def redact_url(url: str) -> str:
 def configure_environment(db_url: str, *, test_jobs: bool = True) -> None:
     """Settings for this process (and the children that inherit its environment).
 
-    test_jobs: register tests.jobs (tests.noop, tests.sleep), here and in workers started from this
-    environment, to enqueue them. export_throughput runs only product jobs and leaves it out.
+    test_jobs: register tests.jobs (tests.sleep), here and in workers started from this environment,
+    to enqueue them. Benchmarks that run only product jobs (scheduling.noop, exports.build) leave
+    it out.
     """
     os.environ["DATABASE_URL"] = db_url
     os.environ["DJANGO_SETTINGS_MODULE"] = "config.settings"
@@ -68,14 +74,12 @@ def configure_environment(db_url: str, *, test_jobs: bool = True) -> None:
     os.environ.pop("Q_CLUSTER_NAME", None)
 
 
-def cluster_env(*, workers: int, poll: float, **extra: str) -> dict[str, str]:
-    env = dict(os.environ)
-    env.update(
-        FAIRSHARE_WORKERS=str(workers), FAIRSHARE_POLL=str(poll), FAIRSHARE_EXTRA_JOB_MODULES="tests.jobs",
-        PYTHONUNBUFFERED="1", LOG_LEVEL="INFO",
-    )
-    env.update(extra)
-    return env
+def cluster_env(*, workers: int | None = None, poll: float, **extra: str) -> dict[str, str]:
+    """A worker's environment (scheduling.processes.worker_env): this benchmark's database, with
+    `workers` processes on the default queue, `poll` seconds between broker polls, logging at INFO."""
+    if workers is not None:
+        extra["FAIRSHARE_WORKERS"] = str(workers)
+    return processes.worker_env(FAIRSHARE_POLL=str(poll), LOG_LEVEL="INFO", **extra)
 
 
 def setup_django() -> None:
@@ -148,47 +152,19 @@ RUN_TABLES = ("scheduling.TaskRun", "scheduling.DeferredTask", "budgets.Reservat
 
 # --- Processes ----------------------------------------------------------------------------------
 
-class Cluster:
-    """A real `manage.py qcluster`, stopped by PID (never by name or process group first)."""
-
-    def __init__(self, env: dict[str, str], log_path: Path, queue: str = "default"):
-        if queue != "default":
-            env = {**env, "Q_CLUSTER_NAME": queue}
-        self.log_path = log_path
-        self._log = open(log_path, "wb")
-        self.proc = subprocess.Popen(
-            [sys.executable, "manage.py", "qcluster"], cwd=REPO, env=env,
-            stdout=self._log, stderr=subprocess.STDOUT, start_new_session=True,
-        )
-        _cleanups.append(self.stop)
-
-    @property
-    def pid(self) -> int:
-        return self.proc.pid
-
-    def alive(self) -> bool:
-        return self.proc.poll() is None
-
-    def stop(self, timeout: float = 20) -> None:
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)  # graceful: the main PID only
-            with contextlib.suppress(subprocess.TimeoutExpired):
-                self.proc.wait(timeout)
-        # Whatever is left of its session (the workers of a hung cluster) is killed outright.
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(self.proc.pid, signal.SIGKILL)
-        with contextlib.suppress(subprocess.TimeoutExpired):
-            self.proc.wait(5)
-        if not self._log.closed:
-            self._log.close()
-        with contextlib.suppress(ValueError):
-            _cleanups.remove(self.stop)
-
-    def log_tail(self, lines: int = 40) -> str:
-        return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
+def start_cluster(env: dict[str, str], log_path: Path, queue: str = "default") -> Cluster:
+    """A real `manage.py qcluster`, stopped at exit (or on SIGTERM) if the benchmark has not."""
+    cluster = Cluster(queue, env, log_path)
+    at_exit(cluster.stop)
+    return cluster
 
 
 _cleanups: list = []
+
+
+def at_exit(cleanup) -> None:
+    """Run `cleanup()` when the benchmark ends, however it ends (last registered, first run)."""
+    _cleanups.append(cleanup)
 
 
 def _run_cleanups() -> None:
@@ -201,10 +177,9 @@ def _on_signal(signum, frame):
     raise SystemExit(128 + signum)  # so that `finally` blocks (and the cluster stops) run
 
 
-def install_cleanup() -> list:
+def install_cleanup() -> None:
     signal.signal(signal.SIGTERM, _on_signal)
     atexit.register(_run_cleanups)
-    return _cleanups
 
 
 def run(main) -> None:
@@ -222,8 +197,8 @@ def wait_until(predicate, *, timeout: float, interval: float = 0.01, what: str, 
         if value:
             return value
         if cluster is not None and not cluster.alive():
-            raise RuntimeError(f"the qcluster exited ({cluster.proc.returncode}) while waiting for {what}:\n"
-                               f"{cluster.log_tail()}")
+            raise RuntimeError(f"the qcluster exited ({cluster.returncode}) while waiting for {what}:\n"
+                               f"{cluster.tail(40)}")
         if time.perf_counter() > deadline:
             raise TimeoutError(f"timed out after {timeout:.0f}s waiting for {what}")
         time.sleep(interval)
@@ -237,35 +212,6 @@ def broker_empty(key: str = "default") -> bool:
 
 
 # --- Reporting ----------------------------------------------------------------------------------
-
-def percentile(values, p: float):
-    """Linear interpolation between closest ranks (numpy's default); None for no values."""
-    xs = sorted(v for v in values if v is not None)
-    if not xs:
-        return None
-    k = (len(xs) - 1) * p / 100
-    lo, hi = math.floor(k), math.ceil(k)
-    return xs[lo] + (xs[hi] - xs[lo]) * (k - lo)
-
-
-def median(values):
-    return percentile(values, 50)
-
-
-def fmt(value, spec: str, missing: str = "-") -> str:
-    return missing if value is None else format(value, spec)
-
-
-def render_table(headers: list[str], rows: list[list[str] | None], right: set[int]) -> str:
-    widths = [max(len(h), *(len(r[i]) for r in rows if r)) for i, h in enumerate(headers)]
-
-    def line(cells):
-        return "  ".join(c.rjust(w) if i in right else c.ljust(w) for i, (c, w) in enumerate(zip(cells, widths)))
-
-    out = [line(headers), line(["-" * w for w in widths])]
-    out += ["" if r is None else line(r) for r in rows]
-    return "\n".join(out)
-
 
 PG_SETTINGS = ("shared_buffers", "synchronous_commit", "fsync", "max_connections")
 

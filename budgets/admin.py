@@ -1,37 +1,9 @@
 from django.contrib import admin, messages
-
 from django.utils.html import format_html_join
 
 from budgets.models import Account, ApiToken, Budget, Membership, Reservation, UsageDay
-from budgets.selectors import accounts_visible_to, budget_status
-
-
-class AccountScopedAdmin(admin.ModelAdmin):
-    """Staff who are not superusers see only the records of accounts they belong to
-    (nothing at all of models with no account, `account_path = None`)."""
-
-    account_path: str | None = "account"
-
-    def get_queryset(self, request):
-        qs = super().get_queryset(request)
-        if request.user.is_superuser:
-            return qs
-        if self.account_path is None:
-            return qs.none()
-        return qs.filter(**{f"{self.account_path}__in": accounts_visible_to(user=request.user)})
-
-
-class ReadOnlyAdmin(AccountScopedAdmin):
-    """For records the system writes (task runs, attempts): inspect, never edit by hand."""
-
-    def has_add_permission(self, request, obj=None):
-        return False
-
-    def has_change_permission(self, request, obj=None):
-        return False
-
-    def has_delete_permission(self, request, obj=None):
-        return request.user.is_superuser
+from budgets.selectors import budget_status
+from budgets.tenancy import AccountScopedAdmin, ReadOnlyAdmin
 
 
 class MembershipInline(admin.TabularInline):

@@ -1,18 +1,14 @@
 """The budget clock: which budget day it is, and when the next one starts.
 
-The budget day is a UTC day unless FAIRSHARE["BUDGET_DAY_TIMEZONE"] names another zone.
-FAIRSHARE["CLOCK_OFFSET_S"] shifts this clock (only this one) so rehearsals and tests can move a
-set of real worker processes to "tomorrow"; it is 0 in production.
+The budget day is a UTC day unless FAIRSHARE["BUDGET_DAY_TIMEZONE"] names another zone. It is read
+on the kernel's clock (`scheduling.clock.now`, which only tests may shift: scheduling/testing.py).
 """
 import datetime as dt
 from zoneinfo import ZoneInfo
 
 from django.conf import settings
-from django.utils import timezone
 
-
-def now() -> dt.datetime:
-    return timezone.now() + dt.timedelta(seconds=settings.FAIRSHARE["CLOCK_OFFSET_S"])
+from scheduling.clock import now
 
 
 def _zone() -> ZoneInfo:

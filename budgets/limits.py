@@ -1,7 +1,7 @@
 """A run's CPU allowance: the cooperative check, refills, and the OS backstop (RLIMIT_CPU).
 
 A run may spend what its reservation holds in the usage ledger, no more. The reservation starts
-at admission and is topped up while the account has budget left (budgets.middleware.Heartbeat
+at admission and is topped up while the account has budget left (budgets.middleware.Watcher
 reserves more in the ledger, then calls `RunBudget.grow`); the runs of one account together can
 never hold more than the account has left, so together they cannot overspend the daily cap.
 """
@@ -13,9 +13,11 @@ import time
 from collections.abc import Callable
 from contextlib import contextmanager
 
+from scheduling.retries import MustWait
 
-class BudgetExhausted(Exception):
-    """The account's daily CPU budget ran out during this run."""
+
+class BudgetExhausted(MustWait):
+    """The account's daily CPU budget ran out during this run: not a failure, its job waits."""
 
 
 class RunBudget:
@@ -63,26 +65,15 @@ class RunBudget:
         resource.setrlimit(resource.RLIMIT_CPU, (limit, hard))
 
 
-class UnlimitedBudget(RunBudget):
-    def __init__(self):
-        super().__init__(allowance_ms=0)
-
-    def remaining(self) -> int:
-        return math.inf
-
-    def check(self) -> None:
-        pass
-
-
 @contextmanager
 def cpu_limit(budget: RunBudget):
     """An OS backstop for jobs that never check their budget: SIGXCPU once the process has spent
     the run's allowance (whole seconds, rounded up), raised as BudgetExhausted in the task.
 
-    django-q2 runs a task in its worker's main thread, where signal handlers run. The heartbeat
+    django-q2 runs a task in its worker's main thread, where signal handlers run. The watcher
     thread raises the limit when it reserves more, and delivers the same signal itself
     (`_thread.interrupt_main`) as soon as the allowance is spent and no more can be had, so a job
-    that never checks stops within a heartbeat tick rather than at the next whole second.
+    that never checks stops within a watcher tick rather than at the next whole second.
     """
     if threading.current_thread() is not threading.main_thread():
         yield

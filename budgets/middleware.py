@@ -8,30 +8,31 @@ from django.conf import settings
 from django.db import InterfaceError, OperationalError, connections
 
 from budgets import services
-from budgets.limits import BudgetExhausted, RunBudget, UnlimitedBudget, cpu_limit
+from budgets.limits import BudgetExhausted, RunBudget, cpu_limit
 from scheduling.models import Outcome
 from scheduling.runtime import close_old_connections
 from scheduling.services import worker_id
 
-# How long a run that spent its allowance waits for the heartbeat thread to reserve more.
+# How long a run that spent its allowance waits for the watcher thread to reserve more.
 REFILL_WAIT_S = 10
 # Settlement after a dropped connection: tries, and the pause before the n-th retry (n x this).
 SETTLE_ATTEMPTS = 5
 SETTLE_RETRY_DELAY_S = 0.5
 
 
-class Heartbeat(threading.Thread):
+class Watcher(threading.Thread):
     """A running task's companion thread, on its own database connection.
 
     Every tick it looks at the run's CPU: when the allowance runs low it reserves the next step
     from the account's remaining budget (`services.reservation_grow`); when there is none left and
     the allowance is spent, it stops the run with SIGXCPU (if the run is in the main thread, where
     `cpu_limit` handles it). Every RESERVATION_HEARTBEAT_S it reports the CPU used so far and
-    renews the reservation's lease, so a run whose worker died is reclaimed.
+    renews the reservation's lease, so the slot of a run whose worker died is reclaimed once the
+    lease expires.
     """
 
     def __init__(self, reservation_id: int, budget: RunBudget, *, interrupt_main: bool):
-        super().__init__(name=f"fairshare-heartbeat-{reservation_id}", daemon=True)
+        super().__init__(name=f"fairshare-watcher-{reservation_id}", daemon=True)
         self.reservation_id = reservation_id
         self.budget = budget
         self.interrupt_main = interrupt_main
@@ -39,7 +40,7 @@ class Heartbeat(threading.Thread):
         self._stopping = threading.Event()
         self._refill_wanted = threading.Event()
         self._refilled = threading.Event()
-        self._next_beat = 0.0
+        self._next_renew = 0.0
         self._next_grow = 0.0
 
     def refill(self) -> None:
@@ -52,7 +53,7 @@ class Heartbeat(threading.Thread):
     def run(self) -> None:
         options = settings.FAIRSHARE
         tick, step = options["BUDGET_TICK_S"], options["RESERVATION_STEP_MS"]
-        self._next_beat = time.monotonic() + options["RESERVATION_HEARTBEAT_S"]
+        self._next_renew = time.monotonic() + options["RESERVATION_HEARTBEAT_S"]
         try:
             while not self._stopping.is_set():
                 self._wake.wait(tick)
@@ -60,8 +61,8 @@ class Heartbeat(threading.Thread):
                 if self._stopping.is_set():
                     break
                 try:
-                    self._tick(step=step, beat_every=options["RESERVATION_HEARTBEAT_S"])
-                except Exception:  # a missed beat only shortens the lease; the next one may work
+                    self._tick(step=step, renew_every=options["RESERVATION_HEARTBEAT_S"])
+                except Exception:  # a missed renewal only shortens the lease; the next one may work
                     connections.close_all()
                 finally:
                     if self._refill_wanted.is_set():
@@ -70,7 +71,7 @@ class Heartbeat(threading.Thread):
         finally:
             connections.close_all()  # this thread's own connections
 
-    def _tick(self, *, step: int, beat_every: float) -> None:
+    def _tick(self, *, step: int, renew_every: float) -> None:
         budget, now = self.budget, time.monotonic()
         wanted, remaining = self._refill_wanted.is_set(), budget.remaining()
         # Asked, or running low (not again within a second of a refusal while some is left).
@@ -78,16 +79,16 @@ class Heartbeat(threading.Thread):
         if not budget.exhausted and (wanted or low):
             granted = services.reservation_grow(
                 reservation_id=self.reservation_id, cpu_ms=budget.used_ms(), want_ms=step)
-            self._next_beat = now + beat_every  # growing renewed the lease too
+            self._next_renew = now + renew_every  # growing renewed the lease too
             if granted:
                 budget.grow(granted)
             elif budget.remaining() <= 0:
                 budget.exhausted = True  # everything left today is reserved or used
             else:
                 self._next_grow = now + 1  # others hold the rest; ask again in a second
-        elif now >= self._next_beat:
-            services.reservation_heartbeat(reservation_id=self.reservation_id, cpu_ms=budget.used_ms())
-            self._next_beat = now + beat_every
+        elif now >= self._next_renew:
+            services.reservation_renew(reservation_id=self.reservation_id, cpu_ms=budget.used_ms())
+            self._next_renew = now + renew_every
         if budget.exhausted and budget.remaining() <= 0 and self.interrupt_main and not budget.finished:
             self.interrupt_main = False  # once: the handler raises BudgetExhausted in the run
             _thread.interrupt_main(signal.SIGXCPU)
@@ -110,8 +111,7 @@ class BudgetMiddleware:
 
     def __call__(self, ctx) -> None:
         if not ctx.job.account_scoped:
-            ctx.budget = UnlimitedBudget()
-            return self.call_next(ctx)
+            return self.call_next(ctx)  # its allowance stays the kernel's unlimited one
         queue = ctx.job.queue
         admission = services.admit(
             envelope=ctx.envelope, queue=queue, estimate_ms=ctx.job.cpu_estimate_ms,
@@ -125,8 +125,8 @@ class BudgetMiddleware:
         cap_hit = False
         try:
             with cpu_limit(budget):
-                with Heartbeat(admission.reservation_id, budget, interrupt_main=in_main_thread) as heartbeat:
-                    budget.refill = heartbeat.refill
+                with Watcher(admission.reservation_id, budget, interrupt_main=in_main_thread) as watcher:
+                    budget.refill = watcher.refill
                     try:
                         self.call_next(ctx)
                     finally:

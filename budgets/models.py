@@ -119,7 +119,7 @@ class ReservationStatus(models.TextChoices):
     # back if the message is not picked up within FAIRSHARE["DISPATCH_LEASE_S"] (it was lost).
     DISPATCHED = "dispatched", "Dispatched (holds a slot, not started)"
     ACTIVE = "active", "Active (holds a slot)"
-    # The run stopped heart-beating (its worker died): slot and reservation were given back and
+    # The run stopped renewing its lease (its worker died): slot and reservation were given back and
     # the CPU it had reported was charged. If it turns out to be alive after all, its settlement
     # charges only the remainder.
     RECLAIMED = "reclaimed", "Reclaimed"
@@ -138,7 +138,7 @@ class Reservation(models.Model):
     worker = models.CharField(max_length=100, blank=True)
     status = models.CharField(max_length=20, choices=ReservationStatus.choices, default=ReservationStatus.ACTIVE)
     cpu_reserved_ms = models.BigIntegerField(default=0)
-    cpu_reported_ms = models.BigIntegerField(default=0, help_text="CPU the run had used at its last heartbeat")
+    cpu_reported_ms = models.BigIntegerField(default=0, help_text="CPU the run had used when it last renewed its lease")
     cpu_charged_ms = models.BigIntegerField(default=0, help_text="CPU already charged by a reclaim")
     created_at = models.DateTimeField(auto_now_add=True)
     lease_expires_at = models.DateTimeField()

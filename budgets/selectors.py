@@ -8,29 +8,8 @@ from django.db.models import Q, QuerySet
 from django.utils import timezone
 
 from budgets import clock
-from budgets.models import Account, Budget, Membership, Reservation, ReservationStatus, UsageDay
-
-
-def membership_of(*, user, account: Account) -> Membership | None:
-    if user is None or not user.is_authenticated:
-        return None
-    return Membership.objects.filter(user=user, account=account).first()
-
-
-def can_export(*, user, account: Account) -> bool:
-    """Superusers may export any account; others need an exporting role in it."""
-    if user is None or not user.is_active:
-        return False
-    if user.is_superuser:
-        return True
-    membership = membership_of(user=user, account=account)
-    return membership is not None and membership.can_export
-
-
-def accounts_visible_to(*, user) -> QuerySet[Account]:
-    if user.is_superuser:
-        return Account.objects.all()
-    return Account.objects.filter(memberships__user=user)
+from budgets.models import Account, Budget, Reservation, ReservationStatus, UsageDay
+from scheduling.models import DeferredTask
 
 
 def refs_in_flight(*, job: str, sent_since: dt.datetime) -> QuerySet[str]:
@@ -71,8 +50,6 @@ class BudgetStatus:
 
 def budget_status(*, accounts: QuerySet[Account] | None = None) -> list[BudgetStatus]:
     """Today's limit, use, reservations, running, sent and held work per account and queue."""
-    from scheduling.models import DeferredTask
-
     day = clock.budget_day()
     accounts = (accounts if accounts is not None else Account.objects.all()).order_by("slug")
     budgets = Budget.objects.filter(account__in=accounts).select_related("account").order_by("account__slug", "queue")
@@ -93,3 +70,4 @@ def budget_status(*, accounts: QuerySet[Account] | None = None) -> list[BudgetSt
             running=running[key], sent=sent[key], max_concurrent=budget.max_concurrent, held=held[key], next_reset=reset,
         ))
     return rows
+

@@ -1,19 +1,25 @@
-"""Writes of the budgets app: defaults, admission, settlement, reclaim and release."""
+"""Writes of the budgets app: defaults, admission, settlement, reclaim and release of held work.
+
+Each takes the account's Budget row lock (budgets.standing explains why) before it changes the
+usage ledger or the slots.
+"""
 import datetime as dt
 from dataclasses import dataclass, replace
 
 from django.conf import settings
-from django.db import connection, transaction
+from django.db import transaction
 from django.db.models import F
-from django.db.models.functions import Now
 from django.utils import timezone
 
-from budgets import clock
-from budgets.metering import Meter
+from budgets import clock, standing
 from budgets.models import Account, Budget, Reservation, ReservationStatus, UsageDay
+from budgets.standing import Standing
 from scheduling.envelope import Envelope
-from scheduling.models import DeferReason, DeferredTask, Outcome, TaskRun
-from scheduling.services import hold, release_oldest
+from scheduling.holding import hold, release_oldest
+from scheduling.metering import Meter
+from scheduling.models import DeferReason, DeferredTask
+from scheduling.selectors import finished_run_cpu_ms
+from scheduling.services import task_run_mark_finished, task_run_mark_lost, task_run_mark_started
 
 
 @transaction.atomic
@@ -25,22 +31,6 @@ def budgets_ensure_defaults(*, account: Account) -> int:
         _, was_created = Budget.objects.get_or_create(account=account, queue=queue, defaults=limits)
         created += was_created
     return created
-
-
-# --- Admission, settlement, reclaim ----------------------------------------------------------
-#
-# Every write to an account's usage ledger and slots that can refuse or free work happens under
-# the row lock of its Budget (account, queue): admission, settlement, reservation growth, reclaim
-# and the enqueue-time check's slow path serialise per account and queue, so a slot freed by a
-# settlement can never miss a job that a concurrent admission is just putting on hold (no lost
-# wake-ups), and counts never drift.
-#
-# A slot is a Reservation row: DISPATCHED from the moment the job is sent to the broker until it
-# starts, ACTIVE while it runs. CPU is reserved in steps (RESERVATION_STEP_MS, at least the job's
-# estimate) and only from what the account has left, so its runs together cannot spend more than
-# the daily cap however many run at once.
-
-IN_FLIGHT = (ReservationStatus.DISPATCHED, ReservationStatus.ACTIVE)
 
 
 @dataclass(frozen=True)
@@ -55,134 +45,33 @@ class Admission:
         return self.reservation_id is not None
 
 
-@dataclass(frozen=True)
-class _State:
-    """An account's standing on one queue today, read in one statement."""
-
-    cpu_limit_ms: int
-    max_concurrent: int
-    usage_id: int | None
-    cpu_used_ms: int
-    cpu_reserved_ms: int
-    in_flight: int  # slots taken: dispatched or running
-    active: int  # running
-    held: bool  # anything in the holding area on this queue
-    own_slot: int | None = None  # the job's own dispatched Reservation, when asked for a job
-
-    @property
-    def unreserved_ms(self) -> int:
-        return self.cpu_limit_ms - self.cpu_used_ms - self.cpu_reserved_ms
-
-    @property
-    def free_slots(self) -> int:
-        return self.max_concurrent - self.in_flight
-
-
-# One hand-written statement (for PostgreSQL and SQLite alike): it runs two or three times for
-# every task, and building the same query through the ORM cost more CPU than running it.
-_STATE_SQL = """
-SELECT b.cpu_seconds_per_day, b.max_concurrent, u.id, COALESCE(u.cpu_used_ms, 0), COALESCE(u.cpu_reserved_ms, 0),
-       (SELECT COUNT(*) FROM {reservation} r
-         WHERE r.account_id = b.account_id AND r.queue = b.queue AND r.status IN (%s, %s)),
-       (SELECT COUNT(*) FROM {reservation} r
-         WHERE r.account_id = b.account_id AND r.queue = b.queue AND r.status = %s),
-       EXISTS (SELECT 1 FROM {deferred} d WHERE d.account_id = b.account_id AND d.queue = b.queue),
-       (SELECT MIN(r.id) FROM {reservation} r
-         WHERE r.account_id = b.account_id AND r.queue = b.queue AND r.status = %s AND r.job = %s AND r.ref = %s)
-  FROM {budget} b
-  LEFT JOIN {usage} u ON u.account_id = b.account_id AND u.queue = b.queue AND u.day = %s
- WHERE b.account_id = %s AND b.queue = %s
-""".format(reservation=Reservation._meta.db_table, deferred=DeferredTask._meta.db_table,
-           budget=Budget._meta.db_table, usage=UsageDay._meta.db_table)
-
-
-def _state(*, account_id: int, queue: str, day: dt.date, envelope: Envelope | None = None) -> _State | None:
-    """The budget, today's usage, the slots taken, whether work is held and (given an envelope)
-    the slot that job was dispatched with, in one query.
-
-    Run after the Budget row lock was taken (`_lock`), in a statement of its own, it sees
-    everything committed before the lock was granted (READ COMMITTED: a new snapshot per statement).
-    """
-    job, ref = (envelope.job, envelope.ref) if envelope is not None else ("", "")
-    with connection.cursor() as cursor:
-        cursor.execute(_STATE_SQL, [
-            ReservationStatus.DISPATCHED, ReservationStatus.ACTIVE, ReservationStatus.ACTIVE,
-            ReservationStatus.DISPATCHED, job, ref, day.isoformat(), account_id, queue,
-        ])
-        row = cursor.fetchone()
-    if row is None:
-        return None
-    cpu_seconds, max_concurrent, usage_id, used, reserved, in_flight, active, held, own_slot = row
-    return _State(cpu_limit_ms=cpu_seconds * 1000, max_concurrent=max_concurrent, usage_id=usage_id,
-                  cpu_used_ms=used, cpu_reserved_ms=reserved, in_flight=in_flight, active=active,
-                  held=bool(held), own_slot=own_slot if envelope is not None else None)
-
-
-_LOCK_SQL = f"SELECT 1 FROM {Budget._meta.db_table} WHERE account_id = %s AND queue = %s"
-
-
 def _lock(*, account_id: int, queue: str) -> None:
-    """Lock the account's Budget row on this queue, creating its plan's defaults if it has none.
-    (SQLite has no row locks: its transactions serialise writers as a whole.)"""
-    sql = _LOCK_SQL + (" FOR UPDATE" if connection.features.has_select_for_update else "")
-    with connection.cursor() as cursor:
-        cursor.execute(sql, [account_id, queue])
-        if cursor.fetchone() is not None:
-            return
-    budgets_ensure_defaults(account=Account.objects.get(pk=account_id))
-    Budget.objects.select_for_update().get(account_id=account_id, queue=queue)
+    """Take the account's Budget row lock on this queue, creating its plan's defaults if it has none."""
+    if not standing.lock(account_id=account_id, queue=queue):
+        budgets_ensure_defaults(account=Account.objects.get(pk=account_id))
+        Budget.objects.select_for_update().get(account_id=account_id, queue=queue)
 
 
-def _locked_state(*, account_id: int, queue: str, day: dt.date, envelope: Envelope | None = None) -> _State:
+def _locked_state(*, account_id: int, queue: str, day: dt.date, envelope: Envelope | None = None) -> Standing:
     _lock(account_id=account_id, queue=queue)
-    return _state(account_id=account_id, queue=queue, day=day, envelope=envelope)
-
-
-def _usage_id(state: _State, *, account_id: int, queue: str, day: dt.date) -> int:
-    if state.usage_id is not None:
-        return state.usage_id
-    usage, _ = UsageDay.objects.get_or_create(account_id=account_id, queue=queue, day=day)
-    return usage.pk
+    return standing.read(account_id=account_id, queue=queue, day=day, envelope=envelope)
 
 
 def _hold(
-    *, envelope: Envelope, queue: str, state: _State, day: dt.date, reason: str, eligible_at: dt.datetime,
+    *, envelope: Envelope, queue: str, state: Standing, day: dt.date, reason: str, eligible_at: dt.datetime,
 ) -> None:
     hold(envelope=envelope, queue=queue, reason=reason, eligible_at=eligible_at)
-    usage_id = _usage_id(state, account_id=envelope.account, queue=queue, day=day)
+    usage_id = standing.usage_id(state, account_id=envelope.account, queue=queue, day=day)
     UsageDay.objects.filter(pk=usage_id).update(deferrals=F("deferrals") + 1)
 
 
-def _out_of_budget(state: _State, now: dt.datetime) -> tuple[str, dt.datetime]:
-    """Why an account with nothing left to reserve waits, and until when."""
-    if state.active and state.unreserved_ms + state.cpu_reserved_ms > 0:
-        # Its running jobs have reserved the rest; what they do not use comes back when they settle.
-        return DeferReason.BUDGET_RESERVED, now
-    return DeferReason.BUDGET_EXHAUSTED, clock.next_reset(now)
-
-
-def _lease() -> dt.datetime:
-    return timezone.now() + dt.timedelta(seconds=settings.FAIRSHARE["RESERVATION_LEASE_S"])
-
-
-def _dispatch_lease() -> dt.datetime:
-    return timezone.now() + dt.timedelta(seconds=settings.FAIRSHARE["DISPATCH_LEASE_S"])
-
-
-def _dispatch(*, envelope: Envelope, queue: str, day: dt.date) -> Reservation:
-    return Reservation.objects.create(
-        account_id=envelope.account, queue=queue, day=day, job=envelope.job, ref=envelope.ref,
-        status=ReservationStatus.DISPATCHED, lease_expires_at=_dispatch_lease(),
-    )
-
-
-def _release(*, account_id: int, queue: str, state: _State, limit: int, day: dt.date) -> int:
+def _release(*, account_id: int, queue: str, state: Standing, limit: int, day: dt.date) -> int:
     """Send the account's oldest due held jobs into its free slots (each dispatched)."""
     if not state.held or (state.unreserved_ms <= 0 and state.active):
         return 0  # nothing waits, or it would only be held again until a run gives budget back
     released = release_oldest(account_id=account_id, queue=queue, limit=min(limit, state.free_slots))
     for held in released:
-        _dispatch(envelope=Envelope(job=held.job, account=account_id, ref=held.ref), queue=queue, day=day)
+        standing.dispatch(envelope=Envelope(job=held.job, account=account_id, ref=held.ref), queue=queue, day=day)
     return len(released)
 
 
@@ -210,16 +99,16 @@ def admit(*, envelope: Envelope, queue: str, estimate_ms: int, task_run_id: int 
         if state.unreserved_ms <= 0:
             if own is not None:
                 Reservation.objects.filter(pk=own).delete()
-            reason, eligible_at = _out_of_budget(state, now)
+            reason, eligible_at = standing.out_of_budget(state, now)
             _hold(envelope=envelope, queue=queue, state=state, day=day, reason=reason, eligible_at=eligible_at)
             return Admission(None, reason, eligible_at)
         reserve_ms = min(max(estimate_ms, settings.FAIRSHARE["RESERVATION_STEP_MS"]), state.unreserved_ms)
-        usage_id = _usage_id(state, account_id=account_id, queue=queue, day=day)
+        usage_id = standing.usage_id(state, account_id=account_id, queue=queue, day=day)
         UsageDay.objects.filter(pk=usage_id).update(cpu_reserved_ms=F("cpu_reserved_ms") + reserve_ms)
         slot = {
             "status": ReservationStatus.ACTIVE, "day": day, "task_run_id": task_run_id, "worker": worker,
             "cpu_reserved_ms": reserve_ms,
-            "lease_expires_at": _lease(),
+            "lease_expires_at": standing.run_lease_expiry(),
         }
         if own is not None:
             Reservation.objects.filter(pk=own).update(**slot)
@@ -230,7 +119,7 @@ def admit(*, envelope: Envelope, queue: str, estimate_ms: int, task_run_id: int 
             # An admitted run is recorded from the moment it holds its slot (taken under the budget
             # lock, so after the settlement that freed the slot committed): the recorded runs of an
             # account never overlap more than its concurrency cap allows.
-            TaskRun.objects.filter(pk=task_run_id).update(started_at=timezone.now())
+            task_run_mark_started(run_id=task_run_id)
     return Admission(own, allowance_ms=reserve_ms)
 
 
@@ -246,23 +135,23 @@ def admit_at_enqueue(*, envelope: Envelope, queue: str) -> bool:
     """
     now = clock.now()
     day = clock.budget_day(now)
-    state = _state(account_id=envelope.account, queue=queue, day=day, envelope=envelope)
+    state = standing.read(account_id=envelope.account, queue=queue, day=day, envelope=envelope)
     if state is not None and state.own_slot is not None:
-        Reservation.objects.filter(pk=state.own_slot).update(lease_expires_at=_dispatch_lease())
+        Reservation.objects.filter(pk=state.own_slot).update(lease_expires_at=standing.dispatch_lease_expiry())
         return True
     if state is not None and state.unreserved_ms > 0 and state.free_slots > 0 and not state.held:
-        _dispatch(envelope=envelope, queue=queue, day=day)
+        standing.dispatch(envelope=envelope, queue=queue, day=day)
         return True
     with transaction.atomic():
         state = _locked_state(account_id=envelope.account, queue=queue, day=day)
         if state.unreserved_ms <= 0:
-            reason, eligible_at = _out_of_budget(state, now)
+            reason, eligible_at = standing.out_of_budget(state, now)
         elif state.held:
             reason, eligible_at = DeferReason.QUEUED_BEHIND, now
         elif state.free_slots <= 0:
             reason, eligible_at = DeferReason.CONCURRENCY_CAP, now
         else:
-            _dispatch(envelope=envelope, queue=queue, day=day)
+            standing.dispatch(envelope=envelope, queue=queue, day=day)
             return True
         _hold(envelope=envelope, queue=queue, state=state, day=day, reason=reason, eligible_at=eligible_at)
     return False
@@ -275,15 +164,15 @@ def undispatch(*, envelope: Envelope, queue: str) -> None:
     Reservation.objects.filter(pk=dispatched.order_by("-pk").values_list("pk", flat=True).first()).delete()
 
 
-def reservation_heartbeat(*, reservation_id: int, cpu_ms: int) -> None:
-    """Called by a running task's heartbeat thread: report CPU so far and renew the lease."""
+def reservation_renew(*, reservation_id: int, cpu_ms: int) -> None:
+    """Called by a running task's watcher thread: report CPU so far and renew the lease."""
     Reservation.objects.filter(pk=reservation_id, status=ReservationStatus.ACTIVE).update(
-        cpu_reported_ms=cpu_ms, lease_expires_at=_lease())
+        cpu_reported_ms=cpu_ms, lease_expires_at=standing.run_lease_expiry())
 
 
 def reservation_grow(*, reservation_id: int, cpu_ms: int, want_ms: int) -> int:
     """Reserve up to `want_ms` more CPU for a running task from what its account has left today;
-    also a heartbeat. Returns what was granted (0: the rest is used or reserved by other runs)."""
+    also renews the lease. Returns what was granted (0: the rest is used or reserved by other runs)."""
     reservation = Reservation.objects.filter(pk=reservation_id).values("account_id", "queue", "day").first()
     if reservation is None:
         return 0
@@ -291,7 +180,7 @@ def reservation_grow(*, reservation_id: int, cpu_ms: int, want_ms: int) -> int:
         state = _locked_state(account_id=reservation["account_id"], queue=reservation["queue"], day=reservation["day"])
         grant = max(0, min(want_ms, state.unreserved_ms))
         updated = Reservation.objects.filter(pk=reservation_id, status=ReservationStatus.ACTIVE).update(
-            cpu_reported_ms=cpu_ms, lease_expires_at=_lease(), cpu_reserved_ms=F("cpu_reserved_ms") + grant)
+            cpu_reported_ms=cpu_ms, lease_expires_at=standing.run_lease_expiry(), cpu_reserved_ms=F("cpu_reserved_ms") + grant)
         if not updated or not grant:
             return 0
         UsageDay.objects.filter(pk=state.usage_id).update(cpu_reserved_ms=F("cpu_reserved_ms") + grant)
@@ -302,7 +191,7 @@ def settle(
     *, reservation_id: int, account_id: int, queue: str, meter: Meter, cap_hit: bool = False,
     envelope: Envelope | None = None,
 ) -> bool:
-    """After a run: charge its measured CPU, release its reservation and slot, add its waits.
+    """After a run: charge its measured CPU, free its reservation and slot, add its waits.
 
     Exactly once: the reservation row is deleted here, and a second settlement finds nothing.
     A run stopped by the cap (`cap_hit`, with its `envelope`) waits in the holding area: for the
@@ -319,7 +208,7 @@ def settle(
         if reservation.task_run_id:
             # ...and until it gives the slot back: before this transaction commits, so before
             # any run that takes the slot next is recorded as started.
-            TaskRun.objects.filter(pk=reservation.task_run_id).update(finished_at=timezone.now())
+            task_run_mark_finished(run_id=reservation.task_run_id)
         UsageDay.objects.filter(account_id=account_id, queue=queue, day=reservation.day).update(
             # A reclaimed run was already charged what it had reported; charge the rest.
             cpu_used_ms=F("cpu_used_ms") + max(0, meter.cpu_ms - reservation.cpu_charged_ms),
@@ -331,12 +220,12 @@ def settle(
             cap_hits=F("cap_hits") + (1 if cap_hit else 0),
         )
         reservation.delete()
-        state = _state(account_id=account_id, queue=queue, day=day)
+        state = standing.read(account_id=account_id, queue=queue, day=day)
         if cap_hit and envelope is not None:
             if state.unreserved_ms > 0:  # its account's other runs left some: it may go on with that
                 reason, eligible_at = DeferReason.BUDGET_RESERVED, now
             else:
-                reason, eligible_at = _out_of_budget(state, now)
+                reason, eligible_at = standing.out_of_budget(state, now)
             hold(envelope=envelope, queue=queue, reason=reason, eligible_at=eligible_at)
             state = replace(state, held=True)
         if was_active:
@@ -345,20 +234,20 @@ def settle(
 
 
 def reclaim_expired() -> int:
-    """Give back the slots of runs whose worker stopped heart-beating (it died) and of dispatched
-    jobs that never started (their message was lost).
+    """Give back the slots of runs that stopped renewing their lease (their worker died) and of
+    dispatched jobs that never started (their message was lost).
 
     Charges the CPU a dead run had reported, marks its TaskRun lost, and releases held work into
     the freed slot. Returns how many slots it reclaimed.
     """
     reclaimed = 0
-    expired = Reservation.objects.filter(status__in=IN_FLIGHT, lease_expires_at__lt=timezone.now())
+    expired = Reservation.objects.filter(status__in=standing.IN_FLIGHT, lease_expires_at__lt=timezone.now())
     for account_id, queue, pk in expired.values_list("account_id", "queue", "pk"):
         with transaction.atomic():
             day = clock.budget_day()
             _lock(account_id=account_id, queue=queue)
             reservation = Reservation.objects.filter(
-                pk=pk, status__in=IN_FLIGHT, lease_expires_at__lt=timezone.now(),
+                pk=pk, status__in=standing.IN_FLIGHT, lease_expires_at__lt=timezone.now(),
             ).first()
             if reservation is None:  # it settled, started or renewed meanwhile
                 continue
@@ -373,11 +262,9 @@ def reclaim_expired() -> int:
                 )
                 Reservation.objects.filter(pk=pk).update(status=ReservationStatus.RECLAIMED, cpu_charged_ms=charge)
                 if reservation.task_run_id:
-                    TaskRun.objects.filter(pk=reservation.task_run_id, outcome=Outcome.RUNNING).update(
-                        outcome=Outcome.LOST, cpu_ms=charge, finished_at=Now(),
-                        error_class="WorkerLost", error_message="the worker stopped heart-beating; its lease expired",
-                    )
-            state = _state(account_id=account_id, queue=queue, day=day)
+                    task_run_mark_lost(run_id=reservation.task_run_id, cpu_ms=charge,
+                                       reason="the run stopped renewing its lease (its worker died)")
+            state = standing.read(account_id=account_id, queue=queue, day=day)
             _release(account_id=account_id, queue=queue, state=state, limit=1, day=day)
             reclaimed += 1
     # A reclaimed run that really died never settles; forget it after a day.
@@ -390,8 +277,7 @@ def reclaim_expired() -> int:
 def _reclaim_charge(reservation: Reservation) -> int:
     """What a reclaimed run is charged: the CPU its TaskRun recorded when the run finished but could
     not settle (its connection was gone), else the CPU it last reported (its worker died)."""
-    recorded = TaskRun.objects.filter(pk=reservation.task_run_id).exclude(outcome=Outcome.RUNNING) \
-        .values_list("cpu_ms", flat=True).first() if reservation.task_run_id else None
+    recorded = finished_run_cpu_ms(run_id=reservation.task_run_id) if reservation.task_run_id else None
     return max(reservation.cpu_reported_ms, recorded or 0)
 
 

@@ -23,7 +23,10 @@ _UNITS = {"s": " s", "ms": " ms", "rows": " rows", "days": " days"}
 
 VARIABLES = (*env.VARIABLES, *scheduling_conf.SETTINGS, *budgets_conf.SETTINGS, *exports_conf.SETTINGS)
 # FAIRSHARE keys that wire the apps together in config/settings.py, as MIDDLEWARE does.
-WIRED_IN_SETTINGS = {"TASK_MIDDLEWARE": "the task middleware chain, outermost first"}
+WIRED_IN_SETTINGS = {
+    "TASK_MIDDLEWARE": "the task middleware chain, outermost first",
+    "ENQUEUE_GATES": "the enqueue-time checks account work passes before it is sent to the broker",
+}
 
 
 def shown_default(setting: Setting) -> str:

@@ -194,6 +194,9 @@ FAIRSHARE = {
         "budgets.middleware.BudgetMiddleware",
         "scheduling.middleware.RetryMiddleware",
     ],
+    # The enqueue-time checks account work passes before it is sent to the broker (dotted paths,
+    # like AUTHENTICATION_BACKENDS; see scheduling.runtime.EnqueueGate). A gate may hold the job.
+    "ENQUEUE_GATES": ["budgets.gate.BudgetGate"],
 }
 
 # JSON lines in production (LOG_FORMAT=json, the default without DEBUG), readable text in the demo.

@@ -1,6 +1,6 @@
 from django.contrib import admin, messages
 
-from budgets.admin import AccountScopedAdmin, ReadOnlyAdmin
+from budgets.tenancy import AccountScopedAdmin, ReadOnlyAdmin
 from exports.models import ActivityEvent, ExportAttempt, ExportRecord, ExportSchedule
 from exports.services import export_cancel
 

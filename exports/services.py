@@ -14,10 +14,10 @@ from django.db.models import DurationField, F, Q, Value
 from django.db.models.functions import Coalesce, Now, NullIf
 from django.utils import timezone
 
-from budgets.limits import BudgetExhausted, RunBudget, UnlimitedBudget
-from budgets.metering import Meter
+from budgets.limits import BudgetExhausted, RunBudget
 from budgets.models import Account
-from budgets.selectors import can_export, membership_of, refs_in_flight
+from budgets.selectors import refs_in_flight
+from budgets.tenancy import can_export, membership_of
 from exports import storage
 from exports.models import (
     AttemptOutcome, ExportAttempt, ExportFormat, ExportRecord, ExportSchedule, ExportStatus, SchedulePeriod,
@@ -25,9 +25,11 @@ from exports.models import (
 from exports.sources import SOURCES, day_bounds, get_source
 from exports.streaming import stream_csv
 from scheduling.faults import fault_point
+from scheduling.holding import unhold
+from scheduling.metering import Meter
 from scheduling.models import DeferredTask, Outcome, TaskRun
 from scheduling.redaction import describe_error
-from scheduling.runtime import close_old_connections, enqueue, enqueue_on_commit
+from scheduling.runtime import UnlimitedBudget, close_old_connections, enqueue, enqueue_on_commit
 
 logger = logging.getLogger("fairshare.exports")
 
@@ -260,7 +262,7 @@ def export_cancel(*, export_id: UUID) -> str:
         if record.status == ExportStatus.QUEUED:
             ExportRecord.objects.filter(pk=record.pk).update(
                 status=ExportStatus.CANCELLED, cancel_requested_at=Now(), completed_at=Now())
-            DeferredTask.objects.filter(job=BUILD_JOB, ref=str(record.pk)).delete()
+            unhold(job=BUILD_JOB, ref=str(record.pk))
             return ExportStatus.CANCELLED
         ExportRecord.objects.filter(pk=record.pk).update(cancel_requested_at=Now())
         return record.status
@@ -434,7 +436,7 @@ def _resend_lost() -> int:
     held = DeferredTask.objects.filter(job=BUILD_JOB).values_list("ref", flat=True)
     # A slot whose run was reclaimed (its worker died after admission, before the claim) carries
     # nothing any more; a message sent before the stale time whose export is still queued was
-    # lost, and re-sending goes out on the same slot.
+    # lost, and re-sending goes out on the same slot (budgets knows its slots' lease timing).
     in_flight = refs_in_flight(job=BUILD_JOB, sent_since=stale)
     lost = (
         ExportRecord.objects.filter(status=ExportStatus.QUEUED, created_at__lt=stale)

@@ -13,7 +13,7 @@ from django.core.files import File
 from django.core.files.storage import FileSystemStorage, storages
 from django.urls import reverse
 
-from budgets.metering import Meter
+from scheduling.metering import Meter
 
 DOWNLOAD_SALT = "fairshare.exports.download"
 

@@ -24,8 +24,8 @@ from typing import BinaryIO
 from django.conf import settings
 from django.db import DEFAULT_DB_ALIAS, connections
 
-from budgets.metering import Meter
 from exports.sources import ExportSource, cell_sql, format_cell
+from scheduling.metering import Meter
 
 STRATEGIES = ("copy", "cursor", "orm")
 FLUSH_BYTES = 1 << 20  # buffer output in ~1 MiB writes
@@ -64,7 +64,8 @@ def resolve_strategy(strategy: str | None = None) -> str:
     return strategy
 
 
-def _line_renderer():
+def line_renderer():
+    """A function that renders rows as the export's CSV lines (every cell quoted), as bytes."""
     buffer = io.StringIO()
     writer = csv.writer(buffer, quoting=csv.QUOTE_ALL, lineterminator="\n")
 
@@ -97,7 +98,7 @@ def stream_csv(
     """
     batch_rows = batch_rows or settings.FAIRSHARE["EXPORT_BATCH_ROWS"]
     writer = HashingWriter(out)
-    render = _line_renderer()
+    render = line_renderer()
     writer.write(render([source.header]))
     queryset = source.queryset(account_id=account_id, since=since, until=until)
     strategy = resolve_strategy(strategy)
@@ -123,7 +124,9 @@ def _reader_connection():
         reader.close()
 
 
-def _copy_statement(source: ExportSource, queryset) -> tuple[str, tuple]:
+def copy_statement(source: ExportSource, queryset) -> tuple[str, tuple]:
+    """The COPY … TO STDOUT statement (and its parameters) that the "copy" strategy sends: the
+    source's cells, rendered by PostgreSQL as the export's CSV."""
     inner_sql, params = queryset.query.sql_with_params()
     names = [f"c{i}" for i in range(len(source.columns))]
     cells = ", ".join(cell_sql(col.kind, name) for col, name in zip(source.columns, names))
@@ -135,7 +138,7 @@ def _copy_statement(source: ExportSource, queryset) -> tuple[str, tuple]:
 
 
 def _stream_copy(source, queryset, pg, writer, meter, on_batch, batch_rows) -> int:
-    sql, params = _copy_statement(source, queryset)
+    sql, params = copy_statement(source, queryset)
     rows = 0
     with pg.cursor() as cur, cur.copy(sql, params) as copy:
         # Metered per chunk, not per row: a per-row wrapper cost ~0.4 s of CPU per million rows,

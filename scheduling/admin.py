@@ -1,10 +1,10 @@
 from django.contrib import admin, messages
 from django.utils.timesince import timeuntil
 
-from budgets import clock
-from budgets.admin import ReadOnlyAdmin
+from budgets.tenancy import ReadOnlyAdmin
+from scheduling import clock
+from scheduling.holding import release_now
 from scheduling.models import DeferredTask, TaskRun, TaskRunDaily, WorkerHeartbeat
-from scheduling.services import release_now
 
 
 @admin.register(TaskRun)
@@ -30,7 +30,7 @@ class DeferredTaskAdmin(ReadOnlyAdmin):
 
     @admin.display(description="ETA")
     def eta(self, obj):
-        now = clock.now()  # held work's times are on the budget clock
+        now = clock.now()  # held work's times are on the kernel's (shiftable) clock
         if obj.eligible_at <= now:
             return "when a slot frees"
         return f"in {timeuntil(obj.eligible_at, now)}"

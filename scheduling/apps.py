@@ -20,6 +20,9 @@ class SchedulingConfig(AppConfig):
     def ready(self) -> None:
         # Every app declares its jobs in `<app>/jobs.py`; importing them fills the registry.
         autodiscover_modules("jobs")
+        # ...and its /metrics families and /healthz checks in `<app>/ops.py` (the kernel's first).
+        import_module("scheduling.ops")
+        autodiscover_modules("ops")
         for module in settings.FAIRSHARE["EXTRA_JOB_MODULES"]:
             import_module(module)
         # Deploys run `migrate`: the declared schedules follow the code that declares them.
@@ -27,9 +30,9 @@ class SchedulingConfig(AppConfig):
 
         from django_q.signals import post_spawn
 
-        from scheduling.releaser import start_releaser
+        from scheduling.pulse import start_pulse
 
-        post_spawn.connect(start_releaser, dispatch_uid="fairshare.releaser")
+        post_spawn.connect(start_pulse, dispatch_uid="fairshare.pulse")
 
         # Invariants between settings; `qcluster` runs them too (an Error stops it).
         from scheduling import checks as kernel_checks

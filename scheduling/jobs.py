@@ -1,21 +1,17 @@
-"""Maintenance jobs (scheduled in scheduling.schedules). Each reports how many items it touched."""
+"""Maintenance jobs (scheduled in scheduling.schedules). Each reports how many items it touched.
+
+`scheduling.reclaim_leases` is declared by budgets (budgets/jobs.py), which owns the leases."""
 from django.conf import settings
 
-from budgets import services as budget_services
-from scheduling import services
+from scheduling import holding, services
 from scheduling.registry import job
 
 
 @job("scheduling.release_deferred", account_scoped=False)
 def release_deferred(ctx) -> None:
-    """Release held jobs that are due (back-off over, new budget day) into free slots."""
-    ctx.items = budget_services.release_due()
-
-
-@job("scheduling.reclaim_leases", account_scoped=False)
-def reclaim_leases(ctx) -> None:
-    """Give back the slots and reservations of runs whose worker died."""
-    ctx.items = budget_services.reclaim_expired()
+    """Release held jobs that are due (back-off over, new budget day) as far as the enqueue gates
+    allow (the budget gate: into free slots)."""
+    ctx.items = holding.release_due()
 
 
 @job("scheduling.rollup_task_runs", account_scoped=False)
@@ -34,5 +30,6 @@ def prune_django_q(ctx) -> None:
 def noop(ctx) -> None:
     """Does nothing, through the whole runner and middleware chain (admission, metering,
     settlement): the small job of the capacity rehearsal (`manage.py rehearse --small-jobs`),
-    standing in for the cheap tasks that share the default queue with real work."""
+    standing in for the cheap tasks that share the default queue with real work, and the chain
+    path of bench/budget_overhead.py. The one no-op job (tests register it as "tests.noop")."""
     ctx.items = 1

@@ -7,13 +7,11 @@
 import datetime as dt
 import logging
 
-from budgets import clock
-from budgets.limits import BudgetExhausted
+from scheduling import clock, holding, services
 from scheduling import envelope as contract
-from scheduling import services
 from scheduling.models import DeferReason, Outcome
 from scheduling.registry import get_job
-from scheduling.retries import is_transient
+from scheduling.retries import MustWait, is_transient
 from scheduling.runtime import close_old_connections
 
 logger = logging.getLogger("fairshare.tasks")
@@ -94,8 +92,8 @@ class RetryMiddleware:
     def __call__(self, ctx) -> None:
         try:
             self.call_next(ctx)
-        except BudgetExhausted:
-            raise  # not a failure: the budget middleware holds the job for the next budget day
+        except MustWait:
+            raise  # not a failure: the middleware that raised it holds the job (no attempt used)
         except Exception as exc:
             ctx.error = exc
             policy = ctx.job.retry
@@ -104,7 +102,7 @@ class RetryMiddleware:
             close_old_connections()
             attempt = services.retries_so_far(job=ctx.job.name, ref=ctx.envelope.ref) + 1
             if is_transient(exc) and ctx.envelope.account is not None and attempt < policy.max_attempts:
-                services.hold(
+                holding.hold(
                     envelope=ctx.envelope, queue=ctx.job.queue, reason=DeferReason.RETRY_BACKOFF,
                     eligible_at=clock.now() + dt.timedelta(seconds=policy.delay(attempt)),
                 )

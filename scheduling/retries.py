@@ -3,6 +3,7 @@
 Transient: the same work may succeed later (a dropped database connection, a storage timeout).
 Terminal: it will not (unauthorised, unsupported input, a broken contract) — and so is anything
 we have not classified: retrying the unknown only multiplies load.
+Not a failure at all: a run that had to stop and wait (`MustWait`).
 """
 import random
 from dataclasses import dataclass
@@ -26,6 +27,12 @@ try:  # the raw psycopg connection exports stream from (exports.streaming): its 
     TRANSIENT += (psycopg.OperationalError, psycopg.InterfaceError)
 except ImportError:  # pragma: no cover - SQLite-only installs
     pass
+
+
+class MustWait(Exception):
+    """Not a failure: the run had to stop and its job must wait (e.g. its account's daily budget
+    ran out). The middleware that raised it holds the job; the retry middleware lets it through
+    without counting an attempt. budgets.limits.BudgetExhausted is one."""
 
 
 class TransientError(Exception):

@@ -2,23 +2,35 @@
 
 Every job travels as an envelope to `scheduling.runtime.execute`, which runs the task middleware
 chain (settings.FAIRSHARE["TASK_MIDDLEWARE"], outermost first) around the job's handler.
+Account work passes the enqueue gates (settings.FAIRSHARE["ENQUEUE_GATES"]) before it is sent.
 """
 import functools
+import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 from django.conf import settings
 from django.db import connections, transaction
 from django.utils.module_loading import import_string
 from django_q.tasks import async_task
 
-from budgets.metering import Meter
 from scheduling.envelope import Envelope
+from scheduling.metering import Meter
 from scheduling.models import TaskRun
 from scheduling.registry import Job, get_job
 
 RUNNER = "scheduling.runtime.execute"
+
+
+class UnlimitedBudget:
+    """A run's CPU allowance when no middleware sets one: checking it never stops the run."""
+
+    def remaining(self) -> float:
+        return math.inf
+
+    def check(self) -> None:
+        pass
 
 
 @dataclass
@@ -35,8 +47,9 @@ class TaskContext:
     outcome: str | None = None
     # A failure a middleware handled (e.g. classified for retry) that the run record must show.
     error: BaseException | None = None
-    # The run's CPU allowance (budgets.middleware.RunBudget); long jobs check it between batches.
-    budget: Any = None
+    # The run's CPU allowance; long jobs call `budget.check()` between batches. A middleware may
+    # set a limited one (budgets.limits.RunBudget raises budgets.limits.BudgetExhausted).
+    budget: Any = field(default_factory=UnlimitedBudget)
 
 
 TaskCall = Callable[[TaskContext], None]
@@ -55,23 +68,61 @@ def send_on_commit(*, job: str, account: int | None, ref: str) -> None:
     transaction.on_commit(lambda: send(job=job, account=account, ref=ref))
 
 
+class EnqueueGate(Protocol):
+    """The enqueue-time check, listed in FAIRSHARE["ENQUEUE_GATES"] (dotted paths, instantiated
+    once), like Django's AUTHENTICATION_BACKENDS. Gates see account work only.
+
+    `admit` returns True when the job may go to the broker; False when it may not now, in which
+    case the gate has put it in the holding area (`scheduling.holding.hold`). `undo` gives back
+    what an admission took when the job could not be sent after all. `release_due` sends held
+    work whose time has come, as far as the gate allows; the worker pulse and the
+    `scheduling.release_deferred` schedule call it. (budgets.gate.BudgetGate is the default.)
+    """
+
+    def admit(self, *, envelope: Envelope, queue: str) -> bool: ...
+
+    def undo(self, *, envelope: Envelope, queue: str) -> None: ...
+
+    def release_due(self) -> int: ...
+
+
+def enqueue_gates() -> tuple[EnqueueGate, ...]:
+    return _load_gates(tuple(settings.FAIRSHARE["ENQUEUE_GATES"]))
+
+
+@functools.cache
+def _load_gates(paths: tuple[str, ...]) -> tuple[EnqueueGate, ...]:
+    return tuple(import_string(path)() for path in paths)
+
+
 def enqueue(*, job: str, account: int | None, ref: str) -> str | None:
-    """Submit work: account work that may not run now goes to the holding area instead of the
-    broker (returns None); everything else is sent (returns the django-q2 task id). An account's
-    job on its way to a worker holds one of the account's slots (budgets.services.admit_at_enqueue)."""
+    """Submit work: account work a gate holds back goes to the holding area instead of the broker
+    (returns None); everything else is sent (returns the django-q2 task id)."""
     spec = get_job(job)
     if not spec.account_scoped:
         return send(job=job, account=account, ref=ref)
-    from budgets.services import admit_at_enqueue, undispatch  # budgets builds on the runner, not the reverse
-
     envelope = Envelope(job=spec.name, account=account, ref=str(ref))
-    if not admit_at_enqueue(envelope=envelope, queue=spec.queue):
-        return None
+    admitted: list[EnqueueGate] = []
+    for gate in enqueue_gates():
+        try:
+            ok = gate.admit(envelope=envelope, queue=spec.queue)
+        except BaseException:
+            _undo(admitted, envelope=envelope, queue=spec.queue)
+            raise
+        if not ok:  # held by that gate; the gates before it give back what they took
+            _undo(admitted, envelope=envelope, queue=spec.queue)
+            return None
+        admitted.append(gate)
     try:
         return send(job=job, account=account, ref=ref)
-    except BaseException:
-        undispatch(envelope=envelope, queue=spec.queue)
+    except BaseException:  # the broker refused it: nothing is on its way, so nothing holds a slot
+        _undo(admitted, envelope=envelope, queue=spec.queue)
         raise
+
+
+def _undo(gates: list[EnqueueGate], *, envelope: Envelope, queue: str) -> None:
+    for gate in reversed(gates):
+        gate.undo(envelope=envelope, queue=queue)
 
 
 def enqueue_on_commit(*, job: str, account: int | None, ref: str) -> None:

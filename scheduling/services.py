@@ -1,4 +1,4 @@
-"""Writes of the scheduling app: task runs and the holding area."""
+"""Writes of the scheduling app: task runs and maintenance. (The holding area: scheduling.holding.)"""
 import datetime as dt
 import os
 import socket
@@ -8,13 +8,10 @@ from django.db.models import Count, F, Sum
 from django.db.models.functions import Coalesce, Now, TruncDate
 from django.utils import timezone
 
-from budgets import clock
-from budgets.metering import Meter
-from scheduling.envelope import Envelope
-from scheduling.models import DeferredTask, Outcome, TaskRun, TaskRunDaily, WorkerHeartbeat
-from scheduling.runtime import send_on_commit
+from budgets.models import Account
+from scheduling.metering import Meter
+from scheduling.models import Outcome, TaskRun, TaskRunDaily, WorkerHeartbeat
 from scheduling.redaction import describe_error, redact
-
 
 
 def worker_id() -> str:
@@ -59,58 +56,32 @@ def task_run_reject(*, message: object, error: BaseException) -> TaskRun:
 
 
 def _account_exists(account_id: int) -> bool:
-    from budgets.models import Account
-
     return Account.objects.filter(pk=account_id).exists()
+
+
+# Transitions a middleware may need while a run holds or gives back a slot. Each is one UPDATE and
+# joins the caller's transaction, so it commits (or not) with the caller's own bookkeeping.
+
+def task_run_mark_started(*, run_id: int) -> None:
+    """The run really starts now (it waited for a slot): its recorded time begins here."""
+    TaskRun.objects.filter(pk=run_id).update(started_at=timezone.now())
+
+
+def task_run_mark_finished(*, run_id: int) -> None:
+    """The run is over as far as its slot goes; `task_run_finish` keeps this time."""
+    TaskRun.objects.filter(pk=run_id).update(finished_at=timezone.now())
+
+
+def task_run_mark_lost(*, run_id: int, cpu_ms: int, reason: str) -> bool:
+    """A run still recorded as running whose worker is gone: lost, with the CPU it had reported."""
+    return TaskRun.objects.filter(pk=run_id, outcome=Outcome.RUNNING).update(
+        outcome=Outcome.LOST, cpu_ms=cpu_ms, finished_at=Now(), error_class="WorkerLost", error_message=reason,
+    ) == 1
 
 
 def retries_so_far(*, job: str, ref: str) -> int:
     """How many runs of this job and ref already failed transiently and were scheduled again."""
     return TaskRun.objects.filter(job=job, ref=ref, outcome=Outcome.RETRYING).count()
-
-
-# --- The holding area ------------------------------------------------------------------------
-
-def hold(*, envelope: Envelope, queue: str, reason: str, eligible_at: dt.datetime) -> None:
-    """Put a job in the holding area (or refresh its reason if it is already held)."""
-    # Duplicate deliveries of one envelope are held once: the (job, ref) constraint decides.
-    held, created = DeferredTask.objects.get_or_create(
-        job=envelope.job, ref=envelope.ref,
-        defaults={"account_id": envelope.account, "queue": queue, "reason": reason, "eligible_at": eligible_at},
-    )
-    if not created:
-        DeferredTask.objects.filter(pk=held.pk).update(
-            reason=reason, eligible_at=eligible_at, deferrals=F("deferrals") + 1,
-        )
-
-
-def release_oldest(*, account_id: int, queue: str, limit: int) -> list[DeferredTask]:
-    """Ring the doorbell again for the account's oldest due held jobs; returns them."""
-    if limit <= 0:
-        return []
-    due = list(
-        DeferredTask.objects.select_for_update(skip_locked=True)
-        .filter(account_id=account_id, queue=queue, eligible_at__lte=clock.now())
-        .order_by("created_at", "id")[:limit]
-    )
-    _send_back(due)
-    return due
-
-
-def release_now(*, deferred_ids: list[int]) -> int:
-    """An operator's release: back to the broker now, whatever the reason it was held."""
-    with transaction.atomic():
-        held = list(DeferredTask.objects.select_for_update(skip_locked=True).filter(pk__in=deferred_ids))
-        _send_back(held)
-    return len(held)
-
-
-def _send_back(held: list[DeferredTask]) -> None:
-    """Take locked rows out of the holding area and ring the doorbell once the caller commits."""
-    DeferredTask.objects.filter(pk__in=[task.pk for task in held]).delete()
-    for task in held:
-        # Sent straight to the broker: admission checks it again when it starts.
-        send_on_commit(job=task.job, account=task.account_id, ref=task.ref)
 
 
 # --- Maintenance -----------------------------------------------------------------------------

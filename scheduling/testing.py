@@ -7,7 +7,7 @@ scripts/test exports FAIRSHARE_TESTING=1, and the workers a test starts get it t
 (tests/conftest.py `worker_env`). DEBUG is no licence: the demo runs with DEBUG=1 and no seams.
 
 Who reads each seam:
-  FAIRSHARE_CLOCK_OFFSET        -> FAIRSHARE["CLOCK_OFFSET_S"], read by the budget clock's now()
+  FAIRSHARE_CLOCK_OFFSET        -> FAIRSHARE["CLOCK_OFFSET_S"], read by scheduling/clock.py now()
   FAIRSHARE_FAULT (+ _MARKER)   -> scheduling/faults.py `fault_point` (its points are listed there)
   FAIRSHARE_TEST_GATE           -> tests/jobs.py `hold_exports_worker`
   FAIRSHARE_TEST_PUBLISH_GATE   -> tests/storages.py `GatedStorage`
@@ -29,7 +29,8 @@ TESTING = Setting(None, "FAIRSHARE_TESTING", False, parse=flag, sets="(the seams
 
 CLOCK_OFFSET = Setting(
     "CLOCK_OFFSET_S", "FAIRSHARE_CLOCK_OFFSET", 0, parse=int, unit="s",
-    doc="shifts the budget clock (only that clock) so a test can move real worker processes to tomorrow")
+    doc="shifts the kernel's clock (holding area, budgets) so a test can move real worker processes to "
+        "tomorrow")
 FAULT = Setting(None, "FAIRSHARE_FAULT", None, sets="`scheduling.faults`",
                 doc="the fault point at which a worker process kills itself (SIGKILL)")
 FAULT_MARKER = Setting(None, "FAIRSHARE_FAULT_MARKER", None, sets="`scheduling.faults`",

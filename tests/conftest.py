@@ -12,7 +12,8 @@ from django_q.conf import Conf
 
 import tests.jobs  # noqa: F401  (registers the test jobs in this process too)
 from budgets.models import Role
-from scheduling.rehearsal import Cluster, database_url
+from scheduling import processes
+from scheduling.processes import Cluster
 from tests.factories import AccountFactory, MembershipFactory, UserFactory
 
 REPO = Path(__file__).resolve().parent.parent
@@ -67,21 +68,18 @@ def outsider(other_account):
 
 
 def worker_env(export_root: Path, **extra: str) -> dict[str, str]:
-    """Environment for a worker process that shares this test's database and export folder."""
-    env = {k: v for k, v in os.environ.items() if k not in {"REDIS_URL", "Q_CLUSTER_NAME"}}
-    env.update(
+    """Environment for a worker process that shares this test's database and export folder, with
+    the ORM broker (no REDIS_URL), a fast poll and the test jobs."""
+    return processes.worker_env(
+        without={"REDIS_URL"},
         DJANGO_SETTINGS_MODULE="config.settings",
-        SECRET_KEY=settings.SECRET_KEY,
-        DATABASE_URL=database_url(),
         FAIRSHARE_EXPORTS_ROOT=str(export_root),
         FAIRSHARE_POLL="0.1",
         FAIRSHARE_EXTRA_JOB_MODULES="tests.jobs",
         # Said, not inherited: a test's worker may arm test-only seams (scheduling/testing.py).
         FAIRSHARE_TESTING="1",
-        PYTHONUNBUFFERED="1",
+        **extra,
     )
-    env.update(extra)
-    return env
 
 
 @pytest.fixture

@@ -22,7 +22,7 @@ def settle_runs(env: dict[str, str], worker: int, runs: int, account_id: int, to
     django.setup()
     from django.db import connections
 
-    from budgets.metering import Meter
+    from scheduling.metering import Meter
     from budgets.services import admit, settle
     from scheduling.envelope import Envelope
 

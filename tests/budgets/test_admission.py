@@ -7,12 +7,12 @@ from django_q.models import OrmQ
 from django_q.signing import SignedPackage
 
 from budgets import clock
-from budgets.metering import Meter
 from budgets.models import Budget, Reservation, ReservationStatus, UsageDay
 from budgets.services import (
     admit, admit_at_enqueue, reclaim_expired, release_due, reservation_grow, settle,
 )
 from scheduling.envelope import Envelope
+from scheduling.metering import Meter
 from scheduling.models import DeferReason, DeferredTask, Outcome, TaskRun
 from scheduling.runtime import enqueue
 

@@ -17,15 +17,15 @@ from django.db.models import Count, Sum
 from django.utils import timezone
 
 from budgets import clock
-from budgets.metering import Meter
 from budgets.models import Budget, Reservation, ReservationStatus, UsageDay
 from budgets.services import admit, reclaim_expired, release_due, settle
 from exports.models import ExportRecord, ExportStatus
 from exports.services import export_request
 from scheduling.envelope import Envelope
+from scheduling.holding import release_now
+from scheduling.metering import Meter
 from scheduling.models import DeferReason, DeferredTask, Outcome, TaskRun
 from scheduling.runtime import enqueue, send
-from scheduling.services import release_now
 from tests.budgets.settlers import meter_figures, settle_runs
 from tests.conftest import wait_for, worker_env
 from tests.factories import AccountFactory, ActivityEventFactory
@@ -34,7 +34,7 @@ pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.processes]
 
 # Runs that held a slot and were settled (a deferred run never was).
 ADMITTED = (Outcome.SUCCEEDED, Outcome.FAILED, Outcome.BUDGET_EXHAUSTED)
-# Fast heartbeats, so a run's reported CPU and lease are fresh within half a second.
+# Fast lease renewals, so a run's reported CPU and lease are fresh within half a second.
 FAST_BEAT = {"FAIRSHARE_RESERVATION_HEARTBEAT": "0.5"}
 
 
@@ -144,7 +144,7 @@ def test_daily_cap_stops_work_near_the_cap_and_held_work_runs_the_next_budget_da
                   timeout=40, what="the spinning job to hit the daily cap", clusters=[cluster])
 
     spent = usage(account, day=today)
-    # Stopped within about a second of the cap (a heartbeat tick, in practice), checked or not.
+    # Stopped within about a second of the cap (a watcher tick, in practice), checked or not.
     assert 2000 <= spent.cpu_used_ms <= 2000 + 1000, spent.cpu_used_ms
     assert spent.cap_hits == 1 and spent.cpu_reserved_ms == 0
     assert capped.cpu_ms == spent.cpu_used_ms
@@ -268,7 +268,7 @@ def test_a_killed_workers_run_is_reclaimed_rerun_and_charged_once(account, start
     ref = "3000/crash"
     enqueue(job="tests.spin_checked", account=account.pk, ref=ref)
 
-    # Kill it once a heartbeat has reported some of its CPU.
+    # Kill it once its watcher has reported some of its CPU.
     wait(lambda: Reservation.objects.filter(account=account, cpu_reported_ms__gte=300).exists(), timeout=30,
          what="the long job to run and report CPU", clusters=[cluster])
     victim = runs_of(account, ref=ref, outcome=Outcome.RUNNING).get()

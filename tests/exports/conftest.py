@@ -3,7 +3,7 @@ import pytest
 
 # Worker settings that make crash recovery observable in seconds instead of minutes: short export
 # and reservation leases (a dead worker's claim and budget slot expire after 2 s), small batches
-# (so there is a "middle" of the stream to die in), a fast releaser, and notifications written to
+# (so there is a "middle" of the stream to die in), a fast pulse, and notifications written to
 # files the test can count.
 FAST_RECOVERY = {
     "FAIRSHARE_EXPORT_WORKERS": "1",

@@ -7,12 +7,12 @@ import json
 from pathlib import Path
 
 import pytest
-from django.db import connection
 from django.test import Client
 from django.utils import timezone
 
 from budgets.models import ApiToken
 from exports.models import ExportRecord, ExportStatus
+from exports.sample_data import add_activity
 from exports.services import BUILD_JOB
 from scheduling.models import Outcome, TaskRun
 from tests.conftest import wait_for
@@ -22,18 +22,9 @@ RANGE = {"start": dt.date(2026, 3, 1), "end": dt.date(2026, 3, 31)}
 
 
 def add_events(account, count: int) -> None:
-    """`count` activity rows for the account, one a second from 1 March 2026 (a bulk insert)."""
-    with connection.cursor() as cursor:
-        cursor.execute(
-            """
-            INSERT INTO exports_activityevent (account_id, occurred_at, actor_email, event_type, amount, description)
-            SELECT %s, timestamptz '2026-03-01 00:00:00+00' + g * interval '1 second',
-                   'actor' || g || '@example.com', 'invoice.paid', (g %% 100000) / 100.0,
-                   'row ' || g || ', "quoted", =formula'
-            FROM generate_series(1, %s) AS g
-            """,
-            [account.pk, count],
-        )
+    """`count` activity rows for the account, one a second from 1 March 2026 00:00:01: row i is
+    actor{i}@example.com, invoice.paid, (i mod 100000) / 100, 'row {i}, "quoted", =formula'."""
+    add_activity(account, count, since=dt.datetime(2026, 3, 1, 0, 0, 1, tzinfo=dt.UTC), span_s=count, numbered=True)
 
 
 def bearer(user) -> dict:

@@ -14,11 +14,11 @@ from django.conf import settings
 from django.core import signing
 from django.test import Client
 
-from budgets.metering import Meter
 from budgets.models import Membership
 from exports import storage
 from exports.models import ExportStatus
 from exports.services import export_build, export_request
+from scheduling.metering import Meter
 from scheduling.models import Outcome
 from tests.exports.support import bearer, download
 from tests.factories import ActivityEventFactory

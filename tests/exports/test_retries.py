@@ -82,7 +82,7 @@ def test_database_connection_dropped_mid_export_is_retried_and_succeeds(
         assert _terminate("pid = %s", [reader]) == 1
     else:
         worker_pid = int(first.worker.rsplit(":", 1)[1])
-        # The task's connection, its streaming reader, its heartbeat's and its releaser's.
+        # The task's connection, its streaming reader, its watcher's and its pulse's.
         assert _terminate("client_port = ANY(%s)", [sorted(_tcp_ports_of(worker_pid))]) >= 2
 
     wait_finished(record, cluster, timeout=90)

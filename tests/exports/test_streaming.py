@@ -11,9 +11,9 @@ from decimal import Decimal
 
 import pytest
 
-from budgets.metering import Meter
 from exports.sources import day_bounds, get_source
 from exports.streaming import STRATEGIES, stream_csv
+from scheduling.metering import Meter
 from scheduling.models import TaskRun
 from tests.factories import ActivityEventFactory
 

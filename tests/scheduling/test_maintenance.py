@@ -10,11 +10,11 @@ from django_q.models import OrmQ, Task
 from django_q.signing import SignedPackage
 
 from budgets import clock
-from budgets.metering import Meter
 from budgets.models import Budget, Reservation, ReservationStatus, UsageDay
 from exports import storage
 from exports.models import ExportRecord, ExportStatus
 from exports.services import export_complete, purge_expired_exports
+from scheduling.metering import Meter
 from scheduling.models import DeferReason, DeferredTask, Outcome, TaskRun, TaskRunDaily, WorkerHeartbeat
 from scheduling.runtime import execute
 from tests.factories import AccountFactory

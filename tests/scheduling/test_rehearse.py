@@ -11,8 +11,8 @@ from django.db import connection
 from budgets import clock
 from budgets.models import Account, Budget, UsageDay
 from exports.models import ActivityEvent, ExportRecord, ExportStatus
+from exports.rehearsal import RoundResult, recommend
 from scheduling.models import TaskRun
-from scheduling.rehearsal import RoundResult, recommend
 from scheduling.runtime import execute
 
 pytestmark = pytest.mark.django_db

@@ -4,7 +4,7 @@ from pathlib import Path
 from django.conf import settings
 from django.core.management.base import BaseCommand, CommandError
 
-from scheduling.rehearsal import MIN_GAIN, RehearsalError, RehearsalPlan, rehearse
+from exports.rehearsal import MIN_GAIN, RehearsalError, RehearsalPlan, rehearse
 
 
 def _concurrencies(value: str) -> tuple[int, ...]:

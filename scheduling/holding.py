@@ -1,0 +1,82 @@
+"""The holding area (DeferredTask): work that may not run now waits here with its reason and the
+time it becomes eligible, instead of in the broker. Only this module writes it.
+
+Release = taking held work out of the holding area and sending it again; nothing else.
+"""
+import datetime as dt
+
+from django.db import transaction
+from django.db.models import F
+
+from scheduling import clock
+from scheduling.envelope import Envelope
+from scheduling.models import DeferredTask
+from scheduling.runtime import enqueue_gates, send_on_commit
+
+
+def hold(*, envelope: Envelope, queue: str, reason: str, eligible_at: dt.datetime) -> None:
+    """Put a job in the holding area (or refresh its reason if it is already held)."""
+    # Duplicate deliveries of one envelope are held once: the (job, ref) constraint decides.
+    held, created = DeferredTask.objects.get_or_create(
+        job=envelope.job, ref=envelope.ref,
+        defaults={"account_id": envelope.account, "queue": queue, "reason": reason, "eligible_at": eligible_at},
+    )
+    if not created:
+        DeferredTask.objects.filter(pk=held.pk).update(
+            reason=reason, eligible_at=eligible_at, deferrals=F("deferrals") + 1,
+        )
+
+
+def unhold(*, job: str, ref: str) -> int:
+    """Take a job out of the holding area without sending it (its work was cancelled); returns
+    how many rows went (0 or 1)."""
+    deleted, _ = DeferredTask.objects.filter(job=job, ref=ref).delete()
+    return deleted
+
+
+def release_oldest(*, account_id: int, queue: str, limit: int) -> list[DeferredTask]:
+    """Ring the doorbell again for the account's oldest due held jobs; returns them.
+
+    Call it inside a transaction: the rows are locked (SKIP LOCKED, so concurrent callers take
+    different ones) and sent once the caller commits.
+    """
+    if limit <= 0:
+        return []
+    due = list(
+        DeferredTask.objects.select_for_update(skip_locked=True)
+        .filter(account_id=account_id, queue=queue, eligible_at__lte=clock.now())
+        .order_by("created_at", "id")[:limit]
+    )
+    _send_back(due)
+    return due
+
+
+def release_now(*, deferred_ids: list[int]) -> int:
+    """An operator's release: back to the broker now, whatever the reason it was held."""
+    with transaction.atomic():
+        held = list(DeferredTask.objects.select_for_update(skip_locked=True).filter(pk__in=deferred_ids))
+        _send_back(held)
+    return len(held)
+
+
+def release_due() -> int:
+    """Release held work whose time has come (back-off over, new budget day, a freed slot).
+
+    The enqueue gates decide how much of it may go (the budget gate: as many as each account has
+    free slots); with no gate configured, all of it goes. Returns how many were released.
+    """
+    gates = enqueue_gates()
+    if gates:
+        return sum(gate.release_due() for gate in gates)
+    with transaction.atomic():
+        due = list(DeferredTask.objects.select_for_update(skip_locked=True).filter(eligible_at__lte=clock.now()))
+        _send_back(due)
+    return len(due)
+
+
+def _send_back(held: list[DeferredTask]) -> None:
+    """Take locked rows out of the holding area and ring the doorbell once the caller commits."""
+    DeferredTask.objects.filter(pk__in=[task.pk for task in held]).delete()
+    for task in held:
+        # Sent straight to the broker: admission checks it again when it starts.
+        send_on_commit(job=task.job, account=task.account_id, ref=task.ref)
