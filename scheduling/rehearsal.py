@@ -39,7 +39,7 @@ from django.utils import timezone
 from budgets.models import Account, Budget, Membership, Plan, Queue, Reservation, Role, UsageDay
 from exports import storage
 from exports.models import FINISHED_STATUSES, ActivityEvent, ExportRecord, ExportStatus
-from exports.services import BUILD_JOB, export_request
+from exports.requests import BUILD_JOB, export_request
 from scheduling.models import DeferredTask, Outcome, TaskRun, WorkerHeartbeat
 from scheduling.runtime import enqueue
 

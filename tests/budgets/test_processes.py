@@ -21,7 +21,7 @@ from budgets.metering import Meter
 from budgets.models import Budget, Reservation, ReservationStatus, UsageDay
 from budgets.services import admit, reclaim_expired, release_due, settle
 from exports.models import ExportRecord, ExportStatus
-from exports.services import export_request
+from exports.requests import export_request
 from scheduling.envelope import Envelope
 from scheduling.models import DeferReason, DeferredTask, Outcome, TaskRun
 from scheduling.runtime import enqueue, send

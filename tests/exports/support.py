@@ -13,7 +13,7 @@ from django.utils import timezone
 
 from budgets.models import ApiToken
 from exports.models import ExportRecord, ExportStatus
-from exports.services import BUILD_JOB
+from exports.requests import BUILD_JOB
 from scheduling.models import Outcome, TaskRun
 from tests.conftest import wait_for
 

@@ -13,8 +13,9 @@ from budgets import clock
 from budgets.metering import Meter
 from budgets.models import Budget, Reservation, ReservationStatus, UsageDay
 from exports import storage
+from exports.leases import export_complete
+from exports.maintenance import purge_expired_exports
 from exports.models import ExportRecord, ExportStatus
-from exports.services import export_complete, purge_expired_exports
 from scheduling.models import DeferReason, DeferredTask, Outcome, TaskRun, TaskRunDaily, WorkerHeartbeat
 from scheduling.runtime import execute
 from tests.factories import AccountFactory
