@@ -5,15 +5,19 @@ import threading
 import time
 
 from django.conf import settings
-from django.db import connections
+from django.db import InterfaceError, OperationalError, connections
 
 from budgets import services
 from budgets.limits import BudgetExhausted, RunBudget, UnlimitedBudget, cpu_limit
 from scheduling.models import Outcome
+from scheduling.runtime import close_old_connections
 from scheduling.services import worker_id
 
 # How long a run that spent its allowance waits for the heartbeat thread to reserve more.
 REFILL_WAIT_S = 10
+# Settlement after a dropped connection: tries, and the pause before the n-th retry (n x this).
+SETTLE_ATTEMPTS = 5
+SETTLE_RETRY_DELAY_S = 0.5
 
 
 class Heartbeat(threading.Thread):
@@ -132,7 +136,27 @@ class BudgetMiddleware:
             ctx.outcome = Outcome.BUDGET_EXHAUSTED
         finally:
             ctx.meter.stop()
-            services.settle(
+            _settle_reconnecting(
                 reservation_id=admission.reservation_id, account_id=ctx.envelope.account, queue=queue,
                 meter=ctx.meter, cap_hit=cap_hit, envelope=ctx.envelope,
             )
+
+
+def _settle_reconnecting(**settlement) -> None:
+    """Settle, reconnecting when the database connection dropped (a failover, a proxy restart,
+    `pg_terminate_backend`) - the classic transient failure, here after the work is done.
+
+    Settlement is one transaction that deletes the reservation, so trying again is safe: one
+    that committed before the connection went finds nothing and charges nothing twice. A run
+    that still cannot settle keeps its reservation until the lease expires; reclaiming it then
+    charges the CPU its TaskRun recorded (services.reclaim_expired).
+    """
+    for attempt in range(1, SETTLE_ATTEMPTS + 1):
+        try:
+            services.settle(**settlement)
+            return
+        except (OperationalError, InterfaceError):
+            if attempt == SETTLE_ATTEMPTS:
+                raise
+            close_old_connections()
+            time.sleep(SETTLE_RETRY_DELAY_S * attempt)

@@ -3,7 +3,9 @@ import datetime as dt
 from collections import Counter
 from dataclasses import dataclass
 
-from django.db.models import QuerySet
+from django.conf import settings
+from django.db.models import Q, QuerySet
+from django.utils import timezone
 
 from budgets import clock
 from budgets.models import Account, Budget, Membership, Reservation, ReservationStatus, UsageDay
@@ -29,6 +31,23 @@ def accounts_visible_to(*, user) -> QuerySet[Account]:
     if user.is_superuser:
         return Account.objects.all()
     return Account.objects.filter(memberships__user=user)
+
+
+def refs_in_flight(*, job: str, sent_since: dt.datetime) -> QuerySet[str]:
+    """Refs of `job` that hold a live slot: running with a lease that has not expired, or sent to
+    the broker (dispatched) at or after `sent_since` and not started yet.
+
+    A reclaimed slot (its worker died) and a run whose lease expired are not in flight, whatever
+    is left of their rows: the work they carried needs its doorbell rung again.
+    """
+    now = timezone.now()
+    # A dispatched slot's lease runs DISPATCH_LEASE_S from when it was sent (or last re-sent).
+    sent_lease_cutoff = sent_since + dt.timedelta(seconds=settings.FAIRSHARE["DISPATCH_LEASE_S"])
+    return Reservation.objects.filter(
+        Q(status=ReservationStatus.ACTIVE, lease_expires_at__gte=now)
+        | Q(status=ReservationStatus.DISPATCHED, lease_expires_at__gte=sent_lease_cutoff),
+        job=job,
+    ).values_list("ref", flat=True)
 
 
 @dataclass(frozen=True)

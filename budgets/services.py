@@ -365,7 +365,7 @@ def reclaim_expired() -> int:
             if reservation.status == ReservationStatus.DISPATCHED:
                 reservation.delete()  # if the message turns up after all, admission checks it again
             else:
-                charge = reservation.cpu_reported_ms
+                charge = _reclaim_charge(reservation)
                 UsageDay.objects.filter(account_id=account_id, queue=queue, day=reservation.day).update(
                     cpu_used_ms=F("cpu_used_ms") + charge,
                     cpu_reserved_ms=F("cpu_reserved_ms") - reservation.cpu_reserved_ms,
@@ -385,6 +385,14 @@ def reclaim_expired() -> int:
         status=ReservationStatus.RECLAIMED, lease_expires_at__lt=timezone.now() - dt.timedelta(days=1),
     ).delete()
     return reclaimed
+
+
+def _reclaim_charge(reservation: Reservation) -> int:
+    """What a reclaimed run is charged: the CPU its TaskRun recorded when the run finished but could
+    not settle (its connection was gone), else the CPU it last reported (its worker died)."""
+    recorded = TaskRun.objects.filter(pk=reservation.task_run_id).exclude(outcome=Outcome.RUNNING) \
+        .values_list("cpu_ms", flat=True).first() if reservation.task_run_id else None
+    return max(reservation.cpu_reported_ms, recorded or 0)
 
 
 def release_due() -> int:

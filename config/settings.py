@@ -231,6 +231,9 @@ FAIRSHARE = {
     # /healthz: a queue is healthy when one of its workers was heard from this recently.
     "HEALTH_HEARTBEAT_MAX_AGE_S": env_int("FAIRSHARE_HEALTH_HEARTBEAT_MAX_AGE", 60),
     "WORKER_HEARTBEAT_S": env_int("FAIRSHARE_WORKER_HEARTBEAT", 10),
+    # /healthz and /metrics: a queue is stalled when a message waited this long, no task of the
+    # queue started for as long and none is running - its workers beat but do no work.
+    "QUEUE_STALL_AFTER_S": float(os.environ.get("FAIRSHARE_QUEUE_STALL_AFTER_S", 120)),
     # Default budgets per plan tier and queue: daily CPU seconds and concurrent tasks.
     # An operator can override them per account (budgets.Budget).
     "PLAN_BUDGETS": {

@@ -89,6 +89,7 @@ def export_build(
     middleware, which decides between a retry and giving up (`export_give_up`).
     """
     budget = budget or UnlimitedBudget()
+    fault_point("before_claim")
     attempt = export_claim(export_id=export_id, account_id=account_id, owner=owner, task_run=task_run)
     if attempt is None:
         # Nothing to build — but a run that died after completing may still owe the notification.
@@ -117,6 +118,7 @@ def export_build(
         _record_failure(attempt, rows=progress.rows, error=exc)
         raise
     _attempt_finish(attempt, outcome=outcome, rows=rows)
+    fault_point("before_notify")
     export_notify_once(export_id=record.pk)
     fault_point("after_complete")
     logger.info("export completed", extra={"export": str(record.pk), "rows": rows, "how": outcome})

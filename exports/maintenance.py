@@ -1,4 +1,4 @@
-"""Exports' maintenance: re-sending exports whose message was lost, purging expired ones."""
+"""Exports' maintenance: repairing what lost messages and dead workers left, purging expired exports."""
 import datetime as dt
 
 from django.conf import settings
@@ -6,33 +6,36 @@ from django.db.models import DurationField, F, Q, Value
 from django.db.models.functions import Coalesce, NullIf
 from django.utils import timezone
 
-from budgets.models import Reservation, ReservationStatus
+from budgets.selectors import refs_in_flight
 from exports import storage
 from exports.models import ExportRecord, ExportStatus
+from exports.notify import export_notify_once
 from exports.requests import BUILD_JOB
 from scheduling.models import DeferredTask
 from scheduling.runtime import enqueue
 
 
 def reconcile_exports() -> int:
-    """Re-ring the doorbell for exports whose message was lost: `queued` with nobody running or
-    holding them for a while, or `running` with an expired lease (the worker died). Returns how
-    many it re-sent. The claim decides what actually runs, so a spare message costs nothing."""
+    """Repair what a lost doorbell or a dead worker left behind; returns how many exports it
+    touched: re-sent (see `_resend_lost`) plus notices sent (see `_notify_unnotified`)."""
+    return _resend_lost() + _notify_unnotified()
+
+
+def _resend_lost() -> int:
+    """Re-ring the doorbell for exports whose message was lost: `queued` for a while with nothing
+    in flight or held for them, or `running` with an expired lease (the worker died). The claim
+    decides what actually runs, so a spare message costs nothing."""
     now = timezone.now()
     stale = now - dt.timedelta(seconds=settings.FAIRSHARE["EXPORT_STALE_AFTER_S"])
     held = DeferredTask.objects.filter(job=BUILD_JOB).values_list("ref", flat=True)
-    # Running, or sent less than the stale time ago. A dispatched slot's lease ends DISPATCH_LEASE
-    # after it was sent (or last re-sent); one sent before the stale time whose export is still
-    # queued lost its message, and re-sending goes out on the same slot.
-    sent_before_stale = now + dt.timedelta(
-        seconds=settings.FAIRSHARE["DISPATCH_LEASE_S"] - settings.FAIRSHARE["EXPORT_STALE_AFTER_S"])
-    running = (Reservation.objects.filter(job=BUILD_JOB)
-               .exclude(status=ReservationStatus.DISPATCHED, lease_expires_at__lt=sent_before_stale)
-               .values_list("ref", flat=True))
+    # A slot whose run was reclaimed (its worker died after admission, before the claim) carries
+    # nothing any more; a message sent before the stale time whose export is still queued was
+    # lost, and re-sending goes out on the same slot.
+    in_flight = refs_in_flight(job=BUILD_JOB, sent_since=stale)
     lost = (
         ExportRecord.objects.filter(status=ExportStatus.QUEUED, created_at__lt=stale)
         # Refs are text and ids UUIDs: compared in Python, not as a subquery.
-        .exclude(pk__in=[*held, *running])
+        .exclude(pk__in=[*held, *in_flight])
         | ExportRecord.objects.filter(status=ExportStatus.RUNNING, lease_expires_at__lt=now)
     )
     count = 0
@@ -40,6 +43,14 @@ def reconcile_exports() -> int:
         enqueue(job=BUILD_JOB, account=account_id, ref=str(export_id))
         count += 1
     return count
+
+
+def _notify_unnotified() -> int:
+    """Send the "export ready" notice a worker owed when it died between completing the export and
+    notifying (no broker redelivers that run: Redis never does, the ORM broker only after `retry`).
+    `export_notify_once` decides under the row lock, so a racing worker and this never both send."""
+    pending = ExportRecord.objects.filter(status=ExportStatus.SUCCEEDED, notified_at__isnull=True)
+    return sum(export_notify_once(export_id=export_id) for export_id in pending.values_list("pk", flat=True))
 
 
 def purge_expired_exports() -> int:

@@ -1,7 +1,7 @@
 """Telling the requester their export is ready."""
 from uuid import UUID
 
-from django.core.mail import send_mail
+from django.core.mail import EmailMessage
 from django.db import transaction
 from django.db.models.functions import Now
 
@@ -18,12 +18,15 @@ def export_notify_once(*, export_id: UUID) -> bool:
         record = ExportRecord.objects.select_related("account", "requested_by").get(pk=export_id)
         user = record.requested_by
         if user is not None and user.email:
-            # Sent inside the transaction: if sending fails, notified_at rolls back and a retry
-            # sends it. No customer data in the message, only where to fetch the file.
-            send_mail(
+            # Sent inside the transaction that marks it (docs/architecture.md, "Notification"):
+            # if sending fails, notified_at rolls back and the next run or reconciler tick sends
+            # it; only a crash between the mail server's acceptance and this commit can send it
+            # twice, and then both copies carry the same Message-ID. No customer data in the
+            # message, only where to fetch the file.
+            EmailMessage(
                 subject=f"Your {record.source} export of {record.account.name} is ready",
-                message=(f"Export {record.pk} ({record.start_date} to {record.end_date}) finished with "
-                         f"{record.row_count} rows.\nDownload it (sign-in required): /api/exports/{record.pk}/download/\n"),
-                from_email=None, recipient_list=[user.email],
-            )
+                body=(f"Export {record.pk} ({record.start_date} to {record.end_date}) finished with "
+                      f"{record.row_count} rows.\nDownload it (sign-in required): /api/exports/{record.pk}/download/\n"),
+                to=[user.email], headers={"Message-ID": f"<export-ready-{record.pk}@fairshare>"},
+            ).send()
     return True

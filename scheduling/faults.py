@@ -3,14 +3,16 @@
     FAIRSHARE_FAULT=<point>          the point at which the worker process kills itself (SIGKILL)
     FAIRSHARE_FAULT_MARKER=<path>    fire once: only the process that creates this file fires
 
-Points in the export job: ``after_claim``, ``mid_stream`` (after the first batch),
-``after_publish`` (object stored, record not yet complete), ``after_complete`` (record complete
-and requester notified, task not yet acknowledged to the broker).
+Points in the export job: ``before_claim`` (run admitted, export not claimed yet),
+``after_claim``, ``mid_stream`` (after the first batch), ``after_publish`` (object stored, record
+not yet complete), ``before_notify`` (record complete, requester not yet notified),
+``after_complete`` (record complete and requester notified, task not yet acknowledged to the
+broker).
 """
 import os
 import signal
 
-POINTS = frozenset({"after_claim", "mid_stream", "after_publish", "after_complete"})
+POINTS = frozenset({"before_claim", "after_claim", "mid_stream", "after_publish", "before_notify", "after_complete"})
 
 
 def fault_point(name: str) -> None:

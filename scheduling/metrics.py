@@ -4,21 +4,16 @@ Every figure comes from shared state (our tables and the broker), not from per-p
 so any number of web and worker processes report one consistent picture (multi-process safe by
 construction; prometheus-client's multiprocess mode is not needed).
 """
-import datetime as dt
-
 from django.conf import settings
 from django.db.models import Count, Min, Sum
 from django.utils import timezone
-from django_q.brokers import get_broker
-from django_q.brokers.orm import ORM
-from django_q.models import OrmQ
-from django_q.signing import SignedPackage
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
 from budgets import clock
-from budgets.models import Budget, Queue, UsageDay
+from budgets.models import Budget, UsageDay
 from exports.models import ExportRecord, ExportStatus
-from scheduling.models import DeferredTask, Outcome, TaskRun, TaskRunDaily, WorkerHeartbeat
+from scheduling.liveness import queue_health
+from scheduling.models import DeferredTask, Outcome, TaskRun, TaskRunDaily
 
 # Counter family suffix -> (the TaskRun / TaskRunDaily field it sums, help text).
 TASK_SECONDS = {
@@ -30,43 +25,27 @@ TASK_SECONDS = {
 FAILURE_OUTCOMES = (Outcome.FAILED, Outcome.RETRYING, Outcome.LOST, Outcome.REJECTED)
 
 
-def _oldest_enqueued_at(queue: str, broker) -> dt.datetime | None:
-    """When the oldest message still waiting in `queue` was enqueued (ORM and Redis brokers)."""
-    if isinstance(broker, ORM):  # also the FifoORM subclass configured in settings
-        row = OrmQ.objects.filter(key=queue).order_by("id").values_list("payload", flat=True).first()
-    elif broker.__class__.__name__ == "Redis":
-        row = broker.connection.lindex(broker.list_key, 0)
-    else:
-        return None
-    if row is None:
-        return None
-    try:
-        return SignedPackage.loads(row)["started"]
-    except Exception:
-        return None
-
-
-def queue_depths() -> list[tuple[str, int, float]]:
-    """(queue, messages waiting, age of the oldest in seconds) per queue."""
-    now = timezone.now()
-    rows = []
-    for queue in Queue.values:
-        broker = get_broker(queue)
-        oldest = _oldest_enqueued_at(queue, broker)
-        rows.append((queue, broker.queue_size() or 0, (now - oldest).total_seconds() if oldest else 0.0))
-    return rows
-
-
 class FairshareCollector:
     def collect(self):
         depth = GaugeMetricFamily("fairshare_queue_depth", "Messages waiting in the broker", labels=["queue"])
         age = GaugeMetricFamily("fairshare_queue_oldest_age_seconds", "Age of the oldest waiting message",
                                 labels=["queue"])
-        for queue, size, oldest in queue_depths():
-            depth.add_metric([queue], size)
-            age.add_metric([queue], oldest)
+        alive = GaugeMetricFamily(
+            "fairshare_workers_alive",
+            f"Workers heard from in the last {settings.FAIRSHARE['HEALTH_HEARTBEAT_MAX_AGE_S']} s", labels=["queue"])
+        stalled = GaugeMetricFamily(
+            "fairshare_queue_stalled",
+            f"1 when a message waited over {settings.FAIRSHARE['QUEUE_STALL_AFTER_S']} s, no task started for as "
+            "long and none is running: the pool is stuck whatever its heartbeats say", labels=["queue"])
+        for health in queue_health():
+            depth.add_metric([health.queue], health.depth)
+            age.add_metric([health.queue], health.oldest_age_s)
+            alive.add_metric([health.queue], health.workers)
+            stalled.add_metric([health.queue], int(health.stalled))
         yield depth
         yield age
+        yield alive
+        yield stalled
 
         held = GaugeMetricFamily("fairshare_held_tasks", "Jobs in the holding area", labels=["queue", "reason"])
         for row in DeferredTask.objects.values("queue", "reason").annotate(n=Count("pk")).order_by():
@@ -127,18 +106,3 @@ class FairshareCollector:
         for row in ExportRecord.objects.values("status").annotate(n=Count("pk")).order_by():
             by_status.add_metric([row["status"]], row["n"])
         yield by_status
-
-        alive = GaugeMetricFamily(
-            "fairshare_workers_alive",
-            f"Workers heard from in the last {settings.FAIRSHARE['HEALTH_HEARTBEAT_MAX_AGE_S']} s", labels=["queue"])
-        for queue, n in live_workers().items():
-            alive.add_metric([queue], n)
-        yield alive
-
-
-def live_workers() -> dict[str, int]:
-    """Worker processes per queue heard from within FAIRSHARE["HEALTH_HEARTBEAT_MAX_AGE_S"]
-    (what /healthz and /metrics both call alive)."""
-    since = timezone.now() - dt.timedelta(seconds=settings.FAIRSHARE["HEALTH_HEARTBEAT_MAX_AGE_S"])
-    rows = WorkerHeartbeat.objects.filter(seen_at__gte=since).values("queue").annotate(n=Count("pk")).order_by()
-    return {row["queue"]: row["n"] for row in rows}

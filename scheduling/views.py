@@ -14,7 +14,8 @@ from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_l
 
 from budgets.models import Queue
 from exports.storage import export_storage
-from scheduling.metrics import FairshareCollector, live_workers
+from scheduling.liveness import queue_health, queue_problem
+from scheduling.metrics import FairshareCollector
 
 
 def _metrics_allowed(request) -> bool:
@@ -51,12 +52,11 @@ def _check_database() -> str | None:
 
 
 def _check_workers() -> dict[str, str | None]:
-    max_age = settings.FAIRSHARE["HEALTH_HEARTBEAT_MAX_AGE_S"]
     try:
-        alive = live_workers()
+        health = queue_health()
     except Exception as exc:
         return {q: f"unknown ({type(exc).__name__})" for q in Queue.values}
-    return {q: None if q in alive else f"no worker heard from in {max_age} s" for q in Queue.values}
+    return {h.queue: queue_problem(h) for h in health}
 
 
 def _check_storage() -> str | None:
@@ -73,8 +73,8 @@ def _check_storage() -> str | None:
 @never_cache
 @require_GET
 def healthz(request):
-    """200 when the database, a worker per queue (its recent heartbeat) and export storage are fine;
-    503 naming what is not."""
+    """200 when the database, each queue's workers (heard from recently, and not stalled: see
+    scheduling/liveness.py) and export storage are fine; 503 naming what is not."""
     checks = {"database": _check_database()}
     for queue, problem in _check_workers().items():
         checks[f"workers:{queue}"] = problem

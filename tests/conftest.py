@@ -1,10 +1,13 @@
 """Shared fixtures. Tests run against PostgreSQL (scripts/test finds or starts one)."""
 import os
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
+import redis
 from django.conf import settings
+from django_q.conf import Conf
 
 import tests.jobs  # noqa: F401  (registers the test jobs in this process too)
 from budgets.models import Role
@@ -90,6 +93,33 @@ def start_cluster(tmp_path, export_root):
     yield start
     for cluster in clusters:
         cluster.stop()
+
+
+@dataclass(frozen=True)
+class Broker:
+    name: str
+    # What a worker started for the test needs in its environment to use the same broker.
+    env: dict[str, str] = field(default_factory=dict)
+
+
+@pytest.fixture(params=["orm", "redis"])
+def broker(request, monkeypatch):
+    """Each django-q2 broker Fairshare supports: the ORM broker (at least once) and Redis (at most
+    once). The test process sends through it, and workers started with `broker.env` use it too."""
+    if request.param == "orm":
+        yield Broker("orm")
+        return
+    url = os.environ.get("FAIRSHARE_TEST_REDIS_URL")
+    if not url:
+        pytest.skip("no Redis: set FAIRSHARE_TEST_REDIS_URL (scripts/test starts a local one)")
+    client = redis.from_url(url)
+    client.flushdb()
+    # django-q2 reads its broker from Conf at every get_broker(): point this process at Redis.
+    monkeypatch.setattr(Conf, "BROKER_CLASS", None)
+    monkeypatch.setattr(Conf, "ORM", None)
+    monkeypatch.setattr(Conf, "REDIS", url)
+    yield Broker("redis", {"REDIS_URL": url})
+    client.flushdb()
 
 
 def wait_for(predicate, *, timeout: float, interval: float = 0.1, message: str = "condition"):

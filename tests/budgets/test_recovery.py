@@ -1,0 +1,94 @@
+"""Settlement survives a dropped database connection, and a run that cannot settle is charged
+what it recorded: "settlement charges exactly the run's recorded CPU" (SPEC §4)."""
+import datetime as dt
+
+import psycopg
+import pytest
+from django.conf import settings as django_settings
+from django.db import connection
+from django.utils import timezone
+
+from budgets import clock
+from budgets.models import Budget, Reservation, UsageDay
+from budgets.services import admit, reclaim_expired
+from scheduling.envelope import Envelope
+from scheduling.models import Outcome, TaskRun
+from scheduling.runtime import enqueue
+from tests.conftest import wait_for
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+# A run that burns this much CPU, on a worker that reports its CPU only every 5 s (the default
+# heartbeat) and reserves in steps large enough that it never asks for more mid-run.
+SPIN_MS = 800
+WORKER = {"FAIRSHARE_RESERVATION_STEP": "5000", "FAIRSHARE_RESERVATION_HEARTBEAT": "5", "FAIRSHARE_WORKERS": "1"}
+
+
+def _connect() -> psycopg.Connection:
+    """A connection of the test's own, outside Django's, to play the slow transaction."""
+    db = django_settings.DATABASES["default"]
+    return psycopg.connect(dbname=db["NAME"], user=db["USER"], password=db["PASSWORD"] or None,
+                           host=db["HOST"] or None, port=db["PORT"] or None, autocommit=False)
+
+
+def _backend_waiting_for(locker: psycopg.Connection, table: str) -> int | None:
+    """The server pid of a session blocked on a row lock of `table` (not the locker's own)."""
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT pid FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND query ILIKE %s AND pid <> %s",
+            [f"%{table}%FOR UPDATE%", locker.info.backend_pid],
+        )
+        row = cursor.fetchone()
+    return row[0] if row else None
+
+
+@pytest.mark.processes
+def test_settlement_reconnects_after_its_connection_dropped(account, start_cluster):
+    Budget.objects.create(account=account, queue="default", cpu_seconds_per_day=10_000, max_concurrent=2)
+    cluster = start_cluster("default", **WORKER)
+    enqueue(job="tests.spin", account=account.pk, ref=f"{SPIN_MS}/settle")
+    wait_for(lambda: Reservation.objects.filter(ref=f"{SPIN_MS}/settle", task_run__isnull=False).exists(),
+             timeout=60, message=f"the run to be admitted; log:\n{cluster.log()}")
+
+    # A slow transaction (or a failover) holds the account's budget row while the run finishes:
+    # its settlement waits on the lock, and then its connection is cut.
+    locker = _connect()
+    try:
+        locker.execute("SELECT 1 FROM budgets_budget WHERE account_id = %s AND queue = 'default' FOR UPDATE",
+                       [account.pk])
+        blocked = wait_for(lambda: _backend_waiting_for(locker, "budgets_budget"), timeout=30,
+                           message=f"the settlement to wait on the budget row; log:\n{cluster.log()}")
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT pg_terminate_backend(%s)", [blocked])
+    finally:
+        locker.rollback()
+        locker.close()
+
+    run = wait_for(lambda: TaskRun.objects.filter(job="tests.spin", finished_at__isnull=False,
+                                                  outcome__in=[Outcome.SUCCEEDED, Outcome.FAILED]).first(),
+                   timeout=30, message=f"the run to be recorded; log:\n{cluster.log()}")
+    assert (run.outcome, run.error_class) == (Outcome.SUCCEEDED, "")
+    assert run.cpu_ms >= SPIN_MS * 0.9
+    # Settled exactly once, for exactly what the run recorded, and the slot is free at once.
+    wait_for(lambda: not Reservation.objects.exists(), timeout=10, message="the slot to be given back")
+    day = UsageDay.objects.get(account=account, queue="default", day=clock.budget_day())
+    assert (day.cpu_used_ms, day.cpu_reserved_ms, day.runs) == (run.cpu_ms, 0, 1)
+    assert "terminating connection" not in run.error_message
+
+
+def test_a_run_that_could_not_settle_is_charged_what_it_recorded_when_reclaimed(account):
+    """The database stayed away through every settlement try: the run was recorded (445 ms) but
+    its reservation stayed, with the 0 ms its last heartbeat reported. Reclaiming charges 445."""
+    Budget.objects.create(account=account, queue="default", cpu_seconds_per_day=10_000, max_concurrent=2)
+    run = TaskRun.objects.create(account=account, job="tests.spin", ref="445/x", started_at=timezone.now())
+    admission = admit(envelope=Envelope(job="tests.spin", account=account.pk, ref="445/x"), queue="default",
+                      estimate_ms=100, task_run_id=run.pk, worker="host:1")
+    TaskRun.objects.filter(pk=run.pk).update(outcome=Outcome.FAILED, cpu_ms=445, finished_at=timezone.now(),
+                                             error_class="django.db.utils.OperationalError")
+    Reservation.objects.filter(pk=admission.reservation_id).update(
+        cpu_reported_ms=0, lease_expires_at=timezone.now() - dt.timedelta(seconds=1))
+
+    assert reclaim_expired() == 1
+    day = UsageDay.objects.get(account=account, queue="default", day=clock.budget_day())
+    assert (day.cpu_used_ms, day.cpu_reserved_ms, day.runs) == (445, 0, 1)
+    assert TaskRun.objects.get(pk=run.pk).outcome == Outcome.FAILED  # not "lost": it did finish
