@@ -130,7 +130,7 @@ def blow(kind: str, pools: Pools, rng: random.Random, counts: dict) -> None:
 def maintain(pools: Pools, counts: dict) -> None:
     """What the schedules and the supervisor do: reclaim, reconcile, restart a stalled pool."""
     from budgets.services import reclaim_expired
-    from exports.services import reconcile_exports
+    from exports.maintenance import reconcile_exports
     from scheduling.liveness import queue_health
     from scheduling.runtime import close_old_connections
     from scheduling.services import task_runs_sweep_lost
@@ -158,7 +158,7 @@ def check(records, root: Path, mail_dir: Path) -> dict:
 
     from budgets.models import Reservation, ReservationStatus, UsageDay
     from exports.models import ExportStatus
-    from exports.services import BUILD_JOB
+    from exports.requests import BUILD_JOB
     from scheduling.models import Outcome, TaskRun
 
     mail = b"".join(p.read_bytes() for p in mail_dir.iterdir() if p.is_file())
@@ -199,7 +199,7 @@ def use_redis(url: str) -> None:
 
 
 def run_chaos(args, work: Path) -> dict:
-    from exports.services import export_request
+    from exports.requests import export_request
 
     mail_dir, root, logs = work / "mail", work / "exports-root", work / "logs"
     for path in (mail_dir, root, logs):
