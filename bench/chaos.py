@@ -16,8 +16,8 @@ requested through the whole chaos phase. Every 1-4 s one random blow:
 - `stop_pool`: SIGTERM to a pool's main PID (graceful), SIGKILL after 10 s, start it again;
 - `drop_connections`: `pg_terminate_backend` of every worker database connection.
 
-This process plays the schedules and the supervisor: every second it runs reclaim_expired and
-reconcile_exports, and restarts a pool whose queue /healthz would call stalled. After the chaos
+This process plays the schedules and the supervisor: every half second it runs reclaim_expired,
+task_runs_sweep_lost and reconcile_exports, and restarts a pool whose queue /healthz would call stalled. After the chaos
 it waits for every export to finish, then checks what a user would check and prints a table:
 every export succeeded, once (one object and one manifest under its key, bytes matching its
 checksum), one "export ready" notice each, the usage ledger equal to the CPU recorded by the
@@ -132,13 +132,15 @@ def blow(kind: str, pools: Pools, rng: random.Random, counts: dict) -> None:
 def maintain(pools: Pools, counts: dict) -> None:
     """What the schedules and the supervisor do: reclaim, reconcile, restart a stalled pool."""
     from budgets.services import reclaim_expired
-    from exports.services import reconcile_exports
+    from exports.maintenance import reconcile_exports
     from scheduling.liveness import queue_health
     from scheduling.runtime import close_old_connections
+    from scheduling.services import task_runs_sweep_lost
 
     close_old_connections()
     try:
         reclaim_expired()
+        task_runs_sweep_lost()
         counts["reconciled"] += reconcile_exports()
         # Like a supervisor's start period: a pool just restarted is given time to start working.
         settled = time.monotonic() - pools.stall_restart_at > float(DRIVER_ENV["FAIRSHARE_QUEUE_STALL_AFTER_S"])
@@ -158,7 +160,7 @@ def check(records, root: Path, mail_dir: Path) -> dict:
 
     from budgets.models import Reservation, ReservationStatus, UsageDay
     from exports.models import ExportStatus
-    from exports.services import BUILD_JOB
+    from exports.requests import BUILD_JOB
     from scheduling.models import Outcome, TaskRun
 
     mail = b"".join(p.read_bytes() for p in mail_dir.iterdir() if p.is_file())
@@ -172,8 +174,9 @@ def check(records, root: Path, mail_dir: Path) -> dict:
         body = (root / key).read_bytes() if (root / key).exists() else b""
         result["bytes_match"] += hashlib.sha256(body).hexdigest() == record.checksum_sha256 and len(body) == record.byte_size
         result["one_notice_each"] += mail.count(f"Export {record.pk} (".encode()) == 1
-    admitted = TaskRun.objects.filter(job=BUILD_JOB).exclude(
-        outcome__in=[Outcome.DEFERRED, Outcome.REJECTED, Outcome.RUNNING])
+    # Runs that held a slot and were settled or reclaimed (a run killed before admission was not).
+    admitted = TaskRun.objects.filter(job=BUILD_JOB).exclude(outcome__in=[Outcome.DEFERRED, Outcome.REJECTED]) \
+        .exclude(outcome=Outcome.RUNNING, finished_at__isnull=True)
     result["ledger_cpu_ms"] = UsageDay.objects.filter(queue="exports").aggregate(s=Sum("cpu_used_ms"))["s"] or 0
     result["recorded_cpu_ms"] = admitted.aggregate(s=Sum("cpu_ms"))["s"] or 0
     result["reserved_ms_left"] = UsageDay.objects.aggregate(s=Sum("cpu_reserved_ms"))["s"] or 0
@@ -198,7 +201,7 @@ def use_redis(url: str) -> None:
 
 
 def run_chaos(args, work: Path) -> dict:
-    from exports.services import export_request
+    from exports.requests import export_request
 
     mail_dir, root, logs = work / "mail", work / "exports-root", work / "logs"
     for path in (mail_dir, root, logs):

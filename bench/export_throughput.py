@@ -10,7 +10,7 @@ For each size it measures, `--repeat` times (median reported):
   written to a file, the statement built from `exports.streaming.copy_statement` and the
   `activity` source's queryset (parameters inlined with psycopg's `ClientCursor.mogrify`), so it
   cannot drift from what the job runs;
-- a full export through the real job: `exports.services.export_request`, processed by a real
+- a full export through the real job: `exports.requests.export_request`, processed by a real
   `manage.py qcluster` (queue "exports", one worker); enqueue -> succeeded from the export's own
   timestamps, the in-worker wall time and the worker's peak RSS from its TaskRun;
 - `exports.streaming.stream_csv` for each read strategy ("copy", "cursor", "orm"), each run in a
@@ -251,7 +251,7 @@ def count_csv_records(path: Path) -> int:
 
 def measure_job(*, cluster: Cluster, slug: str, user, start: dt.date, end: dt.date, export_root: Path) -> dict:
     from exports.models import ExportRecord, ExportStatus
-    from exports.services import export_request
+    from exports.requests import export_request
     from scheduling.models import TaskRun
 
     t0 = time.perf_counter()

@@ -5,19 +5,17 @@ import threading
 import time
 
 from django.conf import settings
-from django.db import InterfaceError, OperationalError, connections
+from django.db import connections
 
 from budgets import services
 from budgets.limits import BudgetExhausted, RunBudget, cpu_limit
 from scheduling.models import Outcome
-from scheduling.runtime import close_old_connections
+from scheduling.faults import fault_point
+from scheduling.runtime import retry_on_disconnect
 from scheduling.services import worker_id
 
 # How long a run that spent its allowance waits for the watcher thread to reserve more.
 REFILL_WAIT_S = 10
-# Settlement after a dropped connection: tries, and the pause before the n-th retry (n x this).
-SETTLE_ATTEMPTS = 5
-SETTLE_RETRY_DELAY_S = 0.5
 
 
 class Watcher(threading.Thread):
@@ -136,27 +134,11 @@ class BudgetMiddleware:
             ctx.outcome = Outcome.BUDGET_EXHAUSTED
         finally:
             ctx.meter.stop()
-            _settle_reconnecting(
+            # Settlement is one transaction that deletes the reservation: a try that committed
+            # before its connection went leaves the next nothing to charge. A run that still
+            # cannot settle is charged what its TaskRun recorded when it is reclaimed.
+            retry_on_disconnect(lambda: services.settle(
                 reservation_id=admission.reservation_id, account_id=ctx.envelope.account, queue=queue,
                 meter=ctx.meter, cap_hit=cap_hit, envelope=ctx.envelope,
-            )
-
-
-def _settle_reconnecting(**settlement) -> None:
-    """Settle, reconnecting when the database connection dropped (a failover, a proxy restart,
-    `pg_terminate_backend`) - the classic transient failure, here after the work is done.
-
-    Settlement is one transaction that deletes the reservation, so trying again is safe: one
-    that committed before the connection went finds nothing and charges nothing twice. A run
-    that still cannot settle keeps its reservation until the lease expires; reclaiming it then
-    charges the CPU its TaskRun recorded (services.reclaim_expired).
-    """
-    for attempt in range(1, SETTLE_ATTEMPTS + 1):
-        try:
-            services.settle(**settlement)
-            return
-        except (OperationalError, InterfaceError):
-            if attempt == SETTLE_ATTEMPTS:
-                raise
-            close_old_connections()
-            time.sleep(SETTLE_RETRY_DELAY_S * attempt)
+            ))
+            fault_point("after_settle")

@@ -208,7 +208,7 @@ def settle(
         if reservation.task_run_id:
             # ...and until it gives the slot back: before this transaction commits, so before
             # any run that takes the slot next is recorded as started.
-            task_run_mark_finished(run_id=reservation.task_run_id)
+            task_run_mark_finished(run_id=reservation.task_run_id, meter=meter)
         UsageDay.objects.filter(account_id=account_id, queue=queue, day=reservation.day).update(
             # A reclaimed run was already charged what it had reported; charge the rest.
             cpu_used_ms=F("cpu_used_ms") + max(0, meter.cpu_ms - reservation.cpu_charged_ms),

@@ -1,8 +1,8 @@
 from django.contrib import admin, messages
 
 from budgets.tenancy import AccountScopedAdmin, ReadOnlyAdmin
+from exports.leases import export_cancel
 from exports.models import ActivityEvent, ExportAttempt, ExportRecord, ExportSchedule
-from exports.services import export_cancel
 
 
 class ExportAttemptInline(admin.TabularInline):

@@ -10,8 +10,8 @@ from budgets.auth import CsrfFailed, api_user
 from exports import storage
 from exports.forms import ExportRequestForm
 from exports.models import ExportRecord, ExportStatus
+from exports.requests import ExportRequestError, export_request
 from exports.selectors import exports_visible_to
-from exports.services import ExportRequestError, export_request
 
 ERROR_STATUS = {
     "unknown_account": HTTPStatus.NOT_FOUND,  # also a non-member's answer (see request_export)

@@ -1,6 +1,6 @@
 """Parsing of export requests, shared by the JSON API and the `request_export` command.
 
-Forms parse types; the scope rules (membership, range, limits) live in `services.export_request`.
+Forms parse types; the scope rules (membership, range, limits) live in `exports.requests.export_request`.
 """
 import datetime as dt
 

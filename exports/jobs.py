@@ -1,7 +1,11 @@
 """Export jobs: thin adapters from an envelope to the export services."""
 from uuid import UUID
 
-from exports import services
+from exports.build import export_build
+from exports.leases import export_give_up
+from exports.maintenance import purge_expired_exports, reconcile_exports
+from exports.recurring import run_export_schedules
+from exports.requests import BUILD_JOB
 from scheduling.envelope import ContractError
 from scheduling.registry import job
 from scheduling.retries import RetryPolicy
@@ -16,13 +20,13 @@ def _export_id(ctx) -> UUID:
 
 
 def _give_up(ctx, exc: BaseException) -> None:
-    services.export_give_up(export_id=_export_id(ctx), error=exc)
+    export_give_up(export_id=_export_id(ctx), error=exc)
 
 
-@job(services.BUILD_JOB, queue="exports", cpu_estimate_ms=2000,
+@job(BUILD_JOB, queue="exports", cpu_estimate_ms=2000,
      retry=RetryPolicy(max_attempts=5, base_s=2, cap_s=120), on_give_up=_give_up)
 def build(ctx) -> None:
-    result = services.export_build(
+    result = export_build(
         export_id=_export_id(ctx), account_id=ctx.envelope.account, owner=worker_id(), meter=ctx.meter,
         task_run=ctx.run, budget=ctx.budget,
     )
@@ -33,16 +37,16 @@ def build(ctx) -> None:
 @job("exports.reconcile", account_scoped=False)
 def reconcile(ctx) -> None:
     """Re-send exports whose doorbell was lost (broker message gone, worker killed)."""
-    ctx.items = services.reconcile_exports()
+    ctx.items = reconcile_exports()
 
 
 @job("exports.run_schedules", account_scoped=False)
 def run_schedules(ctx) -> None:
     """Request the due period of every recurring export (one export per period, however often it fires)."""
-    ctx.items = services.run_export_schedules()
+    ctx.items = run_export_schedules()
 
 
 @job("exports.purge_expired", account_scoped=False)
 def purge_expired(ctx) -> None:
     """Delete exports past their retention, and their files."""
-    ctx.items = services.purge_expired_exports()
+    ctx.items = purge_expired_exports()

@@ -8,14 +8,16 @@ Points in the export job: ``before_claim`` (run admitted, export not claimed yet
 ``after_claim``, ``mid_stream`` (after the first batch), ``after_publish`` (object stored, record
 not yet complete), ``before_notify`` (record complete, requester not yet notified),
 ``after_complete`` (record complete and requester notified, task not yet acknowledged to the
-broker).
+broker). In the budget middleware, around every account's run: ``after_settle`` (charged and its
+slot freed, the run's outcome not yet recorded).
 """
 import os
 import signal
 
 from scheduling.testing import FAULT, FAULT_MARKER
 
-POINTS = frozenset({"before_claim", "after_claim", "mid_stream", "after_publish", "before_notify", "after_complete"})
+POINTS = frozenset({"before_claim", "after_claim", "mid_stream", "after_publish", "before_notify", "after_complete",
+                    "after_settle"})
 
 
 def fault_point(name: str) -> None:

@@ -14,6 +14,12 @@ def release_deferred(ctx) -> None:
     ctx.items = holding.release_due()
 
 
+@job("scheduling.sweep_lost_runs", account_scoped=False)
+def sweep_lost_runs(ctx) -> None:
+    """Mark runs lost whose worker died where no lease covers them (see services.task_runs_sweep_lost)."""
+    ctx.items = services.task_runs_sweep_lost()
+
+
 @job("scheduling.rollup_task_runs", account_scoped=False)
 def rollup_task_runs(ctx) -> None:
     """Fold old task runs into daily aggregates and prune them."""

@@ -12,7 +12,7 @@ from scheduling import envelope as contract
 from scheduling.models import DeferReason, Outcome
 from scheduling.registry import get_job
 from scheduling.retries import MustWait, is_transient
-from scheduling.runtime import close_old_connections
+from scheduling.runtime import close_old_connections, retry_on_disconnect
 
 logger = logging.getLogger("fairshare.tasks")
 
@@ -72,7 +72,8 @@ class RunRecordingMiddleware:
             # A failure classified for retry stays "retrying"; any other failure is "failed".
             outcome = Outcome.RETRYING if ctx.outcome == Outcome.RETRYING else Outcome.FAILED
         close_old_connections()
-        services.task_run_finish(run=ctx.run, outcome=outcome, meter=ctx.meter, items=ctx.items, error=error)
+        retry_on_disconnect(lambda: services.task_run_finish(
+            run=ctx.run, outcome=outcome, meter=ctx.meter, items=ctx.items, error=error))
         logger.info(
             "task finished",
             extra={

@@ -6,12 +6,13 @@ Account work passes the enqueue gates (settings.FAIRSHARE["ENQUEUE_GATES"]) befo
 """
 import functools
 import math
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeVar
 
 from django.conf import settings
-from django.db import connections, transaction
+from django.db import InterfaceError, OperationalError, connections, transaction
 from django.utils.module_loading import import_string
 from django_q.tasks import async_task
 
@@ -21,6 +22,7 @@ from scheduling.models import TaskRun
 from scheduling.registry import Job, get_job
 
 RUNNER = "scheduling.runtime.execute"
+T = TypeVar("T")
 
 
 class UnlimitedBudget:
@@ -150,6 +152,26 @@ def close_old_connections() -> None:
                 conn.errors_occurred = False
             else:
                 conn.close()
+
+
+# Writes that must land after the work is done (settlement, the run's record): tries, and the
+# pause before the n-th retry (n x this).
+RECONNECT_ATTEMPTS = 5
+RECONNECT_DELAY_S = 0.5
+
+
+def retry_on_disconnect(write: Callable[[], T]) -> T:
+    """Run `write`, reconnecting and trying again when the database connection dropped (a
+    failover, a proxy restart, `pg_terminate_backend`): the classic transient failure, and the
+    work it would lose is already done. `write` must be one transaction, safe to run again."""
+    for attempt in range(1, RECONNECT_ATTEMPTS + 1):
+        try:
+            return write()
+        except (OperationalError, InterfaceError):
+            if attempt == RECONNECT_ATTEMPTS:
+                raise
+            close_old_connections()
+            time.sleep(RECONNECT_DELAY_S * attempt)
 
 
 def _call_handler(ctx: TaskContext) -> None:

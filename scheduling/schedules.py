@@ -31,6 +31,7 @@ class CronSchedule:
 SCHEDULES: tuple[CronSchedule, ...] = (
     CronSchedule("release-deferred", "scheduling.release_deferred", "* * * * *"),
     CronSchedule("reclaim-leases", "scheduling.reclaim_leases", "* * * * *"),
+    CronSchedule("sweep-lost-runs", "scheduling.sweep_lost_runs", "* * * * *"),
     CronSchedule("reconcile-exports", "exports.reconcile", "* * * * *"),
     CronSchedule("recurring-exports", "exports.run_schedules", "* * * * *"),
     CronSchedule("purge-expired-exports", "exports.purge_expired", "17 * * * *"),

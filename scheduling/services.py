@@ -3,8 +3,9 @@ import datetime as dt
 import os
 import socket
 
+from django.conf import settings
 from django.db import transaction
-from django.db.models import Count, F, Sum
+from django.db.models import Count, F, Q, Sum
 from django.db.models.functions import Coalesce, Now, TruncDate
 from django.utils import timezone
 
@@ -32,11 +33,14 @@ def task_run_finish(
     error_class, error_message = describe_error(error) if error is not None else ("", "")
     TaskRun.objects.filter(pk=run.pk).update(
         # Settlement already recorded when an admitted run gave its slot back; keep that.
-        outcome=outcome, finished_at=Coalesce("finished_at", Now()), cpu_ms=meter.cpu_ms, wall_ms=meter.wall_ms,
-        db_wait_ms=round(meter.db_wait_ms), storage_wait_ms=round(meter.storage_wait_ms),
-        items=items, peak_rss_kb=meter.peak_rss_kb,
-        error_class=error_class, error_message=error_message,
+        outcome=outcome, finished_at=Coalesce("finished_at", Now()), items=items,
+        error_class=error_class, error_message=error_message, **_figures(meter),
     )
+
+
+def _figures(meter: Meter) -> dict[str, int]:
+    return {"cpu_ms": meter.cpu_ms, "wall_ms": meter.wall_ms, "db_wait_ms": round(meter.db_wait_ms),
+            "storage_wait_ms": round(meter.storage_wait_ms), "peak_rss_kb": meter.peak_rss_kb}
 
 
 def task_run_reject(*, message: object, error: BaseException) -> TaskRun:
@@ -67,9 +71,11 @@ def task_run_mark_started(*, run_id: int) -> None:
     TaskRun.objects.filter(pk=run_id).update(started_at=timezone.now())
 
 
-def task_run_mark_finished(*, run_id: int) -> None:
-    """The run is over as far as its slot goes; `task_run_finish` keeps this time."""
-    TaskRun.objects.filter(pk=run_id).update(finished_at=timezone.now())
+def task_run_mark_finished(*, run_id: int, meter: Meter) -> None:
+    """The run is over as far as its slot goes: its end time and metered figures are recorded with
+    the settlement that charges them, so what the ledger was charged is what the run records even
+    if the worker dies before `task_run_finish` (which keeps this time) adds the outcome."""
+    TaskRun.objects.filter(pk=run_id).update(finished_at=timezone.now(), **_figures(meter))
 
 
 def task_run_mark_lost(*, run_id: int, cpu_ms: int, reason: str) -> bool:
@@ -77,6 +83,22 @@ def task_run_mark_lost(*, run_id: int, cpu_ms: int, reason: str) -> bool:
     return TaskRun.objects.filter(pk=run_id, outcome=Outcome.RUNNING).update(
         outcome=Outcome.LOST, cpu_ms=cpu_ms, finished_at=Now(), error_class="WorkerLost", error_message=reason,
     ) == 1
+
+
+def task_runs_sweep_lost() -> int:
+    """Mark `lost` the runs still recorded as running whose worker has not been heard from for
+    FAIRSHARE["HEALTH_HEARTBEAT_MAX_AGE_S"], where nothing else will: runs that had settled (their
+    figures are recorded) when the worker died before recording the outcome, and runs of jobs
+    without an account, which hold no lease. An account's unsettled run is left to the reclaim
+    of its lease, which also charges it. Returns how many runs it marked."""
+    since = timezone.now() - dt.timedelta(seconds=settings.FAIRSHARE["HEALTH_HEARTBEAT_MAX_AGE_S"])
+    alive = WorkerHeartbeat.objects.filter(seen_at__gte=since).values("worker")
+    return TaskRun.objects.filter(
+        Q(finished_at__isnull=False) | Q(account__isnull=True), outcome=Outcome.RUNNING, started_at__lt=since,
+    ).exclude(worker__in=alive).update(
+        outcome=Outcome.LOST, finished_at=Coalesce("finished_at", Now()), error_class="WorkerLost",
+        error_message="the worker stopped before it recorded how the run ended",
+    )
 
 
 def retries_so_far(*, job: str, ref: str) -> int:

@@ -14,7 +14,7 @@ from exports.models import FINISHED_STATUSES, ExportRecord, ExportStatus
 from exports.rehearsal.plan import (
     DEFAULT_QUEUE_WORKERS, SMALL_JOB, RehearsalError, RehearsalPlan, backlog, export_scope, reset, worker_env,
 )
-from exports.services import BUILD_JOB, export_request  # the rehearsal's only use of exports.services
+from exports.requests import BUILD_JOB, export_request
 from scheduling.models import Outcome, TaskRun
 from scheduling.processes import Cluster, ClusterError, stop_all, wait_ready
 from scheduling.reporting import percentile

@@ -20,7 +20,7 @@ from budgets import clock
 from budgets.models import Budget, Reservation, ReservationStatus, UsageDay
 from budgets.services import admit, reclaim_expired, release_due, settle
 from exports.models import ExportRecord, ExportStatus
-from exports.services import export_request
+from exports.requests import export_request
 from scheduling.envelope import Envelope
 from scheduling.holding import release_now
 from scheduling.metering import Meter

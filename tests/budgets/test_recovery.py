@@ -12,8 +12,9 @@ from budgets import clock
 from budgets.models import Budget, Reservation, UsageDay
 from budgets.services import admit, reclaim_expired
 from scheduling.envelope import Envelope
-from scheduling.models import Outcome, TaskRun
-from scheduling.runtime import enqueue
+from scheduling.models import Outcome, TaskRun, WorkerHeartbeat
+from scheduling.runtime import enqueue, execute
+from scheduling.services import task_runs_sweep_lost
 from tests.conftest import wait_for
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -22,6 +23,12 @@ pytestmark = pytest.mark.django_db(transaction=True)
 # heartbeat) and reserves in steps large enough that it never asks for more mid-run.
 SPIN_MS = 800
 WORKER = {"FAIRSHARE_RESERVATION_STEP": "5000", "FAIRSHARE_RESERVATION_HEARTBEAT": "5", "FAIRSHARE_WORKERS": "1"}
+
+
+def run_job(job: str) -> TaskRun:
+    """Run a maintenance job here and now, through the runner, as its schedule would."""
+    execute({"v": 1, "job": job, "account": None, "ref": f"schedule:{job}"})
+    return TaskRun.objects.filter(job=job).latest("pk")
 
 
 def _connect() -> psycopg.Connection:
@@ -92,3 +99,41 @@ def test_a_run_that_could_not_settle_is_charged_what_it_recorded_when_reclaimed(
     day = UsageDay.objects.get(account=account, queue="default", day=clock.budget_day())
     assert (day.cpu_used_ms, day.cpu_reserved_ms, day.runs) == (445, 0, 1)
     assert TaskRun.objects.get(pk=run.pk).outcome == Outcome.FAILED  # not "lost": it did finish
+
+
+@pytest.mark.processes
+def test_a_worker_killed_after_settling_leaves_a_run_that_records_what_was_charged(
+    account, start_cluster, tmp_path, settings,
+):
+    """SIGKILL between settlement and the run's outcome: the run already records the figures
+    the ledger was charged, and the sweep marks it lost once its worker is silent."""
+    Budget.objects.create(account=account, queue="default", cpu_seconds_per_day=10_000, max_concurrent=2)
+    marker = tmp_path / "fault-fired"
+    cluster = start_cluster("default", **WORKER, FAIRSHARE_FAULT="after_settle", FAIRSHARE_FAULT_MARKER=str(marker))
+    enqueue(job="tests.spin", account=account.pk, ref="300/killed")
+    wait_for(marker.exists, timeout=60, message=f"the worker to die after settling; log:\n{cluster.log()}")
+
+    run = TaskRun.objects.get(job="tests.spin")
+    assert run.outcome == Outcome.RUNNING and run.finished_at is not None  # settled, outcome never written
+    assert not Reservation.objects.exists()  # the slot is free already: nothing for a reclaim to do
+    day = UsageDay.objects.get(account=account, queue="default", day=clock.budget_day())
+    assert run.cpu_ms >= 300 * 0.9 and (day.cpu_used_ms, day.runs) == (run.cpu_ms, 1)
+
+    # Once its worker has been silent for the heartbeat age (2 s here), the sweep marks it lost.
+    settings.FAIRSHARE = {**settings.FAIRSHARE, "HEALTH_HEARTBEAT_MAX_AGE_S": 2}
+    wait_for(lambda: task_runs_sweep_lost() == 1, timeout=30, message="the sweep to find the run")
+    run.refresh_from_db()
+    assert (run.outcome, run.cpu_ms) == (Outcome.LOST, day.cpu_used_ms)
+    assert task_runs_sweep_lost() == 0
+
+
+def test_the_sweep_leaves_runs_of_live_workers_and_unsettled_account_runs_alone(account, settings):
+    settings.FAIRSHARE = {**settings.FAIRSHARE, "HEALTH_HEARTBEAT_MAX_AGE_S": 60}
+    long_ago = timezone.now() - dt.timedelta(minutes=5)
+    WorkerHeartbeat.objects.create(worker="host:1", queue="default", seen_at=timezone.now())
+    live = TaskRun.objects.create(job="scheduling.release_deferred", worker="host:1", started_at=long_ago)
+    unsettled = TaskRun.objects.create(account=account, job="tests.spin", worker="host:2", started_at=long_ago)
+    dead = TaskRun.objects.create(job="scheduling.release_deferred", worker="host:2", started_at=long_ago)
+    assert run_job("scheduling.sweep_lost_runs").items == 1
+    outcomes = dict(TaskRun.objects.filter(pk__in=[live.pk, unsettled.pk, dead.pk]).values_list("pk", "outcome"))
+    assert outcomes == {live.pk: Outcome.RUNNING, unsettled.pk: Outcome.RUNNING, dead.pk: Outcome.LOST}

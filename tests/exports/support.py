@@ -12,8 +12,8 @@ from django.utils import timezone
 
 from budgets.models import ApiToken
 from exports.models import ExportRecord, ExportStatus
+from exports.requests import BUILD_JOB
 from exports.sample_data import add_activity
-from exports.services import BUILD_JOB
 from scheduling.models import Outcome, TaskRun
 from tests.conftest import wait_for
 

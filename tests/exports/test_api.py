@@ -10,7 +10,7 @@ from django.test import Client
 from django_q.models import OrmQ
 
 from exports.models import ExportRecord, ExportStatus
-from exports.services import export_request
+from exports.requests import export_request
 from tests.exports.support import bearer
 
 pytestmark = pytest.mark.django_db

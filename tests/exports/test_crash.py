@@ -14,8 +14,10 @@ from django_q.tasks import async_task
 
 from budgets.models import Account, Reservation, ReservationStatus
 from budgets.services import reclaim_expired
+from exports.leases import export_cancel
+from exports.maintenance import reconcile_exports
 from exports.models import AttemptOutcome, ExportStatus
-from exports.services import BUILD_JOB, export_cancel, export_request, reconcile_exports
+from exports.requests import BUILD_JOB, export_request
 from scheduling.envelope import Envelope
 from scheduling.models import DeferredTask, Outcome, TaskRun
 from scheduling.runtime import RUNNER, execute, send

@@ -16,8 +16,9 @@ from django.test import Client
 
 from budgets.models import Membership
 from exports import storage
+from exports.build import export_build
 from exports.models import ExportStatus
-from exports.services import export_build, export_request
+from exports.requests import export_request
 from scheduling.metering import Meter
 from scheduling.models import Outcome
 from tests.exports.support import bearer, download

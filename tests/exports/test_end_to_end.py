@@ -8,7 +8,7 @@ from decimal import Decimal
 import pytest
 
 from exports.models import ExportRecord, ExportStatus
-from exports.services import export_request
+from exports.requests import export_request
 from scheduling.models import Outcome, TaskRun
 from tests.exports.support import download, wait_finished, wait_runs_settled
 from tests.factories import ActivityEventFactory

@@ -11,8 +11,9 @@ from django.core import mail
 
 from budgets.models import Reservation, ReservationStatus
 from budgets.services import reclaim_expired
+from exports.maintenance import reconcile_exports
 from exports.models import AttemptOutcome, ExportStatus
-from exports.services import BUILD_JOB, export_request, reconcile_exports
+from exports.requests import BUILD_JOB, export_request
 from scheduling.models import Outcome, TaskRun
 from scheduling.runtime import send
 from tests.conftest import wait_for

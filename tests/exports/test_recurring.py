@@ -12,7 +12,7 @@ from django_q.signing import SignedPackage
 from budgets import clock
 from budgets.models import Account, Budget, Membership, UsageDay
 from exports.models import ExportRecord, ExportSchedule, ExportStatus, SchedulePeriod
-from exports.services import run_export_schedules, schedule_period
+from exports.recurring import run_export_schedules, schedule_period
 from scheduling.models import DeferReason, DeferredTask
 from scheduling.runtime import enqueue
 

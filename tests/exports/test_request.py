@@ -12,7 +12,7 @@ from django_q.signing import SignedPackage
 
 from budgets.models import Role
 from exports.models import ExportRecord, ExportStatus
-from exports.services import ExportRequestError, export_request
+from exports.requests import ExportRequestError, export_request
 from tests.factories import ActivityEventFactory, MembershipFactory, UserFactory
 
 pytestmark = pytest.mark.django_db

@@ -9,8 +9,9 @@ from django.db import connection
 from django_q.models import Failure
 
 from budgets.models import Membership, Reservation, ReservationStatus, Role
+from exports.maintenance import reconcile_exports
 from exports.models import AttemptOutcome, ExportStatus
-from exports.services import BUILD_JOB, export_request, reconcile_exports
+from exports.requests import BUILD_JOB, export_request
 from scheduling.envelope import Envelope
 from scheduling.retries import RetryPolicy
 from scheduling.models import DeferReason, DeferredTask, Outcome, TaskRun
@@ -182,7 +183,7 @@ def test_requester_losing_export_permission_fails_at_once_without_retry(
     wait_finished(record, cluster)
     assert record.status == ExportStatus.FAILED
     assert (record.error_class, record.error_message) == (
-        "exports.services.ExportNotAuthorised", "the requester may no longer export this account")
+        "exports.build.ExportNotAuthorised", "the requester may no longer export this account")
     assert wait_runs_settled(record, cluster) == [Outcome.FAILED]
     assert attempts(record) == [AttemptOutcome.FAILED]
     assert record.attempt_count == 1

@@ -72,13 +72,13 @@ def test_a_failed_export_shows_its_stored_error(account, owner):
     record = ExportRecord.objects.create(
         account=account, requested_by=owner, start_date=dt.date(2026, 3, 1), end_date=dt.date(2026, 3, 2),
         source="activity", status=ExportStatus.FAILED, attempt_count=1,
-        error_class="exports.services.ExportNotAuthorised", error_message="requester is no longer a member",
+        error_class="exports.build.ExportNotAuthorised", error_message="requester is no longer a member",
     )
 
     output = export_status(str(record.pk))
 
     assert "status   failed" in output
-    assert "error    exports.services.ExportNotAuthorised: requester is no longer a member" in output
+    assert "error    exports.build.ExportNotAuthorised: requester is no longer a member" in output
 
 
 def test_json_output_parses_and_carries_status_attempts_and_the_attempt_log(failed_then_succeeded):

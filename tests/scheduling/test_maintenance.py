@@ -12,8 +12,9 @@ from django_q.signing import SignedPackage
 from budgets import clock
 from budgets.models import Budget, Reservation, ReservationStatus, UsageDay
 from exports import storage
+from exports.leases import export_complete
+from exports.maintenance import purge_expired_exports
 from exports.models import ExportRecord, ExportStatus
-from exports.services import export_complete, purge_expired_exports
 from scheduling.metering import Meter
 from scheduling.models import DeferReason, DeferredTask, Outcome, TaskRun, TaskRunDaily, WorkerHeartbeat
 from scheduling.runtime import execute

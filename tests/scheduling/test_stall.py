@@ -18,8 +18,9 @@ from django_q.models import OrmQ
 from django_q.signing import SignedPackage
 
 from budgets.models import Account
+from exports.maintenance import reconcile_exports
 from exports.models import ExportRecord, ExportStatus
-from exports.services import export_request, reconcile_exports
+from exports.requests import export_request
 from scheduling.models import TaskRun, WorkerHeartbeat
 from tests.conftest import wait_for
 from tests.exports.support import RANGE, add_events, wait_finished

@@ -2,8 +2,8 @@ import uuid
 
 from django.core.management.base import BaseCommand, CommandError
 
+from exports.leases import export_cancel
 from exports.models import ExportRecord
-from exports.services import export_cancel
 
 
 class Command(BaseCommand):

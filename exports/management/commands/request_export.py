@@ -9,7 +9,7 @@ from budgets.models import Account, Membership, Role
 from exports.api import export_json
 from exports.forms import ExportRequestForm
 from exports.models import ExportRecord
-from exports.services import ExportRequestError, export_request
+from exports.requests import ExportRequestError, export_request
 
 
 class Command(BaseCommand):
