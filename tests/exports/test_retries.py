@@ -89,11 +89,14 @@ def test_database_connection_dropped_mid_export_is_retried_and_succeeds(
     wait_finished(record, cluster, timeout=90)
     assert wait_runs_settled(record, cluster) == [Outcome.RETRYING, Outcome.SUCCEEDED]
     first.refresh_from_db()
-    lost_connection = {"django.db.utils.OperationalError", "django.db.utils.InterfaceError",
-                       "psycopg.errors.AdminShutdown"}
+    # The streaming reader is a raw psycopg connection: its own error, not Django's. Whether libpq
+    # reads the server's "terminating connection" notice (AdminShutdown) before it sees the socket
+    # close (a plain OperationalError) is a race on a loaded machine; both are a lost connection.
+    reader_lost = {"psycopg.errors.AdminShutdown", "psycopg.OperationalError"}
+    lost_connection = {"django.db.utils.OperationalError", "django.db.utils.InterfaceError", *reader_lost}
     assert first.error_class in lost_connection, (first.error_class, first.error_message)
     if dropped == "streaming_reader":
-        assert first.error_class == "psycopg.errors.AdminShutdown"
+        assert first.error_class in reader_lost
     retry = TaskRun.objects.filter(job=BUILD_JOB, ref=str(record.pk)).exclude(pk=first.pk).get()
     assert retry.started_at >= first.finished_at  # a retry after back-off, not a duplicate
     failed, succeeded = record.attempts.order_by("number")
