@@ -3,11 +3,13 @@ import datetime as dt
 import logging
 from zoneinfo import ZoneInfo
 
+from django.db import transaction
 from django.utils import timezone
 
 from exports.models import ExportSchedule, SchedulePeriod
-from exports.requests import ExportRequestError, export_request
+from exports.requests import BUILD_JOB, ExportRequestError, export_request
 from exports.sources import day_bounds
+from scheduling.runtime import enqueue_many
 
 logger = logging.getLogger("fairshare.exports")
 
@@ -35,9 +37,11 @@ def run_export_schedules(*, now: dt.datetime | None = None) -> int:
 
     The idempotency key names the schedule and the period, so a schedule that fires twice (two
     schedulers, a retry) still makes one export; the export goes through budgets like any other.
+    The new exports' builds are enqueued together (`enqueue_many`): the nightly burst is admitted
+    or held per account in a few statements.
     """
     now = now or timezone.now()
-    created = 0
+    created: list[tuple[int, str]] = []
     for schedule in ExportSchedule.objects.filter(is_active=True, account__is_active=True).select_related(
         "account", "requested_by"
     ):
@@ -49,13 +53,16 @@ def run_export_schedules(*, now: dt.datetime | None = None) -> int:
             # tick, once the period is over, requests it.
             continue
         try:
-            _, was_created = export_request(
+            record, was_created = export_request(
                 account_slug=schedule.account.slug, user=schedule.requested_by, start=start, end=end,
                 fmt=schedule.format, source=schedule.source,
-                idempotency_key=f"schedule-{schedule.pk}-{start.isoformat()}",
+                idempotency_key=f"schedule-{schedule.pk}-{start.isoformat()}", enqueue=False,
             )
         except ExportRequestError as exc:
             logger.warning("recurring export refused", extra={"schedule": schedule.pk, "code": exc.code})
             continue
-        created += was_created
-    return created
+        if was_created:
+            created.append((record.account_id, str(record.pk)))
+    if created:  # once the records are visible to the workers (at once outside a transaction)
+        transaction.on_commit(lambda: enqueue_many(job=BUILD_JOB, work=created))
+    return len(created)

@@ -2,11 +2,15 @@
 time it becomes eligible, instead of in the broker. Only this module writes it.
 
 Release = taking held work out of the holding area and sending it again; nothing else.
+Claim = a worker takes a held job to run it itself, straight away, without a broker round trip
+(a hand-off when its account's run settles, a pull when a worker has nothing else to do): the row
+stays, marked with the worker and a lease, until that run is admitted (`claim_complete`). A claim
+whose lease expired (its worker died) is eligible again: the next release or claim takes it.
 """
 import datetime as dt
 
 from django.db import transaction
-from django.db.models import F
+from django.db.models import F, Q
 
 from scheduling import clock
 from scheduling.envelope import Envelope
@@ -22,9 +26,21 @@ def hold(*, envelope: Envelope, queue: str, reason: str, eligible_at: dt.datetim
         defaults={"account_id": envelope.account, "queue": queue, "reason": reason, "eligible_at": eligible_at},
     )
     if not created:
+        # Held again: a claim on it is void (its claimant's admission then finds it lost and does
+        # not run it), and it keeps its place in line.
         DeferredTask.objects.filter(pk=held.pk).update(
-            reason=reason, eligible_at=eligible_at, deferrals=F("deferrals") + 1,
+            reason=reason, eligible_at=eligible_at, deferrals=F("deferrals") + 1, claimed_by="", claim_expires_at=None,
         )
+
+
+def hold_many(*, envelopes: list[Envelope], queue: str, reason: str, eligible_at: dt.datetime) -> None:
+    """Put a batch of jobs in the holding area with one insert, in their order (a job already
+    held keeps its row as it is)."""
+    DeferredTask.objects.bulk_create(
+        [DeferredTask(account_id=e.account, queue=queue, job=e.job, ref=e.ref, reason=reason, eligible_at=eligible_at)
+         for e in envelopes],
+        ignore_conflicts=True,
+    )
 
 
 def unhold(*, job: str, ref: str) -> int:
@@ -32,6 +48,41 @@ def unhold(*, job: str, ref: str) -> int:
     how many rows went (0 or 1)."""
     deleted, _ = DeferredTask.objects.filter(job=job, ref=ref).delete()
     return deleted
+
+
+def eligible(now: dt.datetime) -> Q:
+    """Held work that may go now: its time has come and no live claim covers it."""
+    return Q(eligible_at__lte=now) & (Q(claim_expires_at__isnull=True) | Q(claim_expires_at__lt=now))
+
+
+def claim_oldest(*, account_id: int, queue: str, worker: str, lease_s: float) -> DeferredTask | None:
+    """Claim the account's oldest eligible held job for `worker`, which will run it itself.
+
+    Call it inside a transaction (the caller takes the job's slot in the same one): the row is
+    locked with SKIP LOCKED, so two workers never claim the same job, and one claiming job waits
+    for no other.
+    """
+    now = clock.now()
+    task = (DeferredTask.objects.select_for_update(skip_locked=True)
+            .filter(eligible(now), account_id=account_id, queue=queue).order_by("created_at", "id").first())
+    if task is None:
+        return None
+    task.claimed_by, task.claim_expires_at = worker, now + dt.timedelta(seconds=lease_s)
+    DeferredTask.objects.filter(pk=task.pk).update(claimed_by=task.claimed_by, claim_expires_at=task.claim_expires_at)
+    return task
+
+
+def claim_held(*, job: str, ref: str, worker: str) -> bool:
+    """Whether `worker` still holds its claim on the job (locks the row until the caller commits,
+    so nobody takes it meanwhile)."""
+    return DeferredTask.objects.select_for_update().filter(job=job, ref=ref, claimed_by=worker).exists()
+
+
+def claim_complete(*, job: str, ref: str, worker: str) -> bool:
+    """The claimed job's run is admitted: it leaves the holding area. False when the claim was
+    lost (it expired and the job was released or claimed again): the caller must not run it."""
+    deleted, _ = DeferredTask.objects.filter(job=job, ref=ref, claimed_by=worker).delete()
+    return deleted > 0
 
 
 def release_oldest(*, account_id: int, queue: str, limit: int) -> list[DeferredTask]:
@@ -44,7 +95,7 @@ def release_oldest(*, account_id: int, queue: str, limit: int) -> list[DeferredT
         return []
     due = list(
         DeferredTask.objects.select_for_update(skip_locked=True)
-        .filter(account_id=account_id, queue=queue, eligible_at__lte=clock.now())
+        .filter(eligible(clock.now()), account_id=account_id, queue=queue)
         .order_by("created_at", "id")[:limit]
     )
     _send_back(due)
@@ -69,7 +120,7 @@ def release_due() -> int:
     if gates:
         return sum(gate.release_due() for gate in gates)
     with transaction.atomic():
-        due = list(DeferredTask.objects.select_for_update(skip_locked=True).filter(eligible_at__lte=clock.now()))
+        due = list(DeferredTask.objects.select_for_update(skip_locked=True).filter(eligible(clock.now())))
         _send_back(due)
     return len(due)
 

@@ -65,6 +65,9 @@ class DeferredTask(models.Model):
     """The holding area: a job that may not run now, why, and from when it may.
 
     A held job is not in the broker. Releasing it deletes the row and rings the doorbell again.
+    A worker may instead claim it (hand-off or pull, scheduling.holding.claim_oldest) to run it
+    itself without a broker round trip: the row stays, claimed, until that run is admitted; a
+    claim whose lease expired (the worker died) makes the job eligible again.
     """
 
     account = models.ForeignKey("budgets.Account", on_delete=models.CASCADE, related_name="deferred_tasks")
@@ -75,6 +78,8 @@ class DeferredTask(models.Model):
     eligible_at = models.DateTimeField(help_text="Not released before this time")
     created_at = models.DateTimeField(auto_now_add=True)
     deferrals = models.PositiveIntegerField(default=1, help_text="How often this job was held")
+    claimed_by = models.CharField(max_length=100, blank=True, help_text="host:pid of the worker about to run it")
+    claim_expires_at = models.DateTimeField(null=True, blank=True, help_text="Eligible again after this")
 
     class Meta:
         ordering = ["created_at", "id"]
