@@ -70,22 +70,6 @@ def check_stall_threshold(app_configs=None, **kwargs) -> list[checks.CheckMessag
     return []
 
 
-def check_handoff_window(app_configs=None, **kwargs) -> list[checks.CheckMessage]:
-    """A worker's hand-off loop (scheduling.runtime.execute) must return to django-q2 well within
-    the task timeout: django-q2 times the whole loop as one task."""
-    window = settings.FAIRSHARE["HANDOFF_WINDOW_S"]
-    shortest = min((c["timeout"] for c in clusters(settings.Q_CLUSTER).values() if c.get("timeout")), default=None)
-    if shortest is not None and window * 10 > shortest:
-        return [checks.Error(
-            f'FAIRSHARE["HANDOFF_WINDOW_S"] ({window:g} s) must be at most a tenth of the shortest queue '
-            f"timeout ({shortest:g} s).",
-            hint="A worker starts claimed runs for that long after the run its message brought; django-q2 "
-                 "times them all as one task, so a run started late could be killed by the timeout. "
-                 "Lower FAIRSHARE_HANDOFF_WINDOW_S.",
-            id="scheduling.E006")]
-    return []
-
-
 def check_metrics_networks(app_configs=None, **kwargs) -> list[checks.CheckMessage]:
     errors = []
     for network in settings.FAIRSHARE["METRICS_ALLOWED_NETWORKS"].split(","):

@@ -84,11 +84,11 @@ SETTINGS = (
     Setting("RELEASE_POLL_S", "FAIRSHARE_RELEASE_POLL", 1.0, parse=float, unit="s",
             doc="how often each worker's pulse releases due held work (a 2-second back-off need not wait "
                 "for django-q2's 30-second scheduler) and may write its heartbeat; 0 turns the pulse off"),
-    Setting("HANDOFF_WINDOW_S", "FAIRSHARE_HANDOFF_WINDOW_S", 1.0, parse=float, unit="s",
+    Setting("HANDOFF_WINDOW_S", "FAIRSHARE_HANDOFF_WINDOW_S", 10.0, parse=float, unit="s",
             doc="after a run, a worker goes on with held work it claims itself (the same account's next "
                 "job, else another account's in fair order) without a broker round trip, starting no new "
-                "one after this long; well below every queue's `timeout` (system check scheduling.E006)"),
-    Setting("HANDOFF_MAX_RUNS", "FAIRSHARE_HANDOFF_MAX_RUNS", 100, parse=int,
+                "one after this long, nor after a tenth of its queue's `timeout`"),
+    Setting("HANDOFF_MAX_RUNS", "FAIRSHARE_HANDOFF_MAX_RUNS", 500, parse=int,
             doc="at most this many claimed runs follow one broker message in a worker; 0 turns hand-off and "
                 "pull off (every freed slot then goes through the broker)"),
     Setting("HANDOFF_CLAIM_LEASE_S", "FAIRSHARE_HANDOFF_CLAIM_LEASE_S", 30, parse=int, unit="s",

@@ -247,15 +247,15 @@ def execute(message: Any) -> None:
     Work conservation: after the run, this worker goes on with held work it claimed without a
     broker round trip: the job its run's settlement handed off to it (the same account's next,
     into the slot just freed), else one it pulls from the gates (another account's, in fair
-    order, into a free slot). Bounded by FAIRSHARE["HANDOFF_WINDOW_S"] and ["HANDOFF_MAX_RUNS"]
-    (well under the queue's `timeout` and `retry`: django-q2 acknowledges the message, and its
-    timeout watches the process, only once this returns). A claim this worker does not get to
+    order, into a free slot). Bounded in time (`_handoff_window_s`, well under the queue's
+    `timeout` and `retry`: django-q2 acknowledges the message, and its timeout watches the
+    process, only once this returns) and in count (FAIRSHARE["HANDOFF_MAX_RUNS"]). A claim this worker does not get to
     run (it died) expires and the job is released again.
     """
     from scheduling.services import worker_id
 
     options = settings.FAIRSHARE
-    deadline, runs_left = time.monotonic() + options["HANDOFF_WINDOW_S"], options["HANDOFF_MAX_RUNS"]
+    deadline, runs_left = time.monotonic() + _handoff_window_s(), options["HANDOFF_MAX_RUNS"]
 
     def room() -> bool:
         return runs_left > 0 and time.monotonic() < deadline
@@ -271,6 +271,15 @@ def execute(message: Any) -> None:
         runs_left -= 1
         ctx = TaskContext(message=claimed.to_message(), claim=worker_id(), accepts_handoff=room)
         _chain()(ctx)
+
+
+def _handoff_window_s() -> float:
+    """FAIRSHARE["HANDOFF_WINDOW_S"], at most a tenth of this cluster's `timeout`: django-q2 times
+    the whole loop as one task, and a run started late in it must not meet the timeout."""
+    from django_q.conf import Conf
+
+    window = settings.FAIRSHARE["HANDOFF_WINDOW_S"]
+    return min(window, Conf.TIMEOUT / 10) if Conf.TIMEOUT else window
 
 
 def _pull(*, queue: str, worker: str) -> Envelope | None:
