@@ -54,8 +54,10 @@ def release(*, account_id: int, queue: str, state: Standing, limit: int, day: dt
 def hand_off(*, account_id: int, queue: str, state: Standing, day: dt.date, worker: str) -> Envelope | None:
     """In the settling transaction, under the account's lock: claim its oldest eligible held job
     for `worker` into the slot the settlement just freed."""
-    if not state.held or state.free_slots <= 0 or state.unreserved_ms <= 0:
-        return None  # nothing waits, or it would only be held again
+    # The same test as `release`: a job whose account has nothing left to reserve goes all the
+    # same when none of its runs is active (its admission then holds it until the next day).
+    if not state.held or state.free_slots <= 0 or (state.unreserved_ms <= 0 and state.active):
+        return None  # nothing waits, or it would only be held again until a run gives budget back
     task = claim_oldest(account_id=account_id, queue=queue, worker=worker,
                         lease_s=settings.FAIRSHARE["HANDOFF_CLAIM_LEASE_S"])
     if task is None:

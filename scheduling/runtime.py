@@ -5,6 +5,7 @@ chain (settings.FAIRSHARE["TASK_MIDDLEWARE"], outermost first) around the job's 
 Account work passes the enqueue gates (settings.FAIRSHARE["ENQUEUE_GATES"]) before it is sent.
 """
 import functools
+import logging
 import math
 import time
 from collections.abc import Callable, Iterable
@@ -23,6 +24,7 @@ from scheduling.models import TaskRun
 from scheduling.registry import Job, get_job
 
 RUNNER = "scheduling.runtime.execute"
+logger = logging.getLogger("fairshare.tasks")
 T = TypeVar("T")
 
 
@@ -283,9 +285,14 @@ def _handoff_window_s() -> float:
 
 
 def _pull(*, queue: str, worker: str) -> Envelope | None:
-    for gate in enqueue_gates():
-        next_for = getattr(gate, "next_for", None)
-        claimed = next_for(queue=queue, worker=worker) if next_for is not None else None
-        if claimed is not None:
-            return claimed
+    try:
+        for gate in enqueue_gates():
+            next_for = getattr(gate, "next_for", None)
+            claimed = next_for(queue=queue, worker=worker) if next_for is not None else None
+            if claimed is not None:
+                return claimed
+    except Exception as exc:  # e.g. the database went away: this message's work is done; stop here
+        # (raising would make django-q2 count the message as failed and deliver it again).
+        logger.warning("pulling held work failed", extra={"error_class": type(exc).__name__})
+        close_old_connections()
     return None

@@ -107,7 +107,9 @@ def test_a_worker_killed_after_claiming_a_held_job_loses_and_duplicates_nothing(
     claimed = wait(lambda: DeferredTask.objects.filter(account=account).exclude(claimed_by="").first(),
                    timeout=10, what="the claimed job to stay in the holding area", clusters=[cluster])
     assert claimed.ref == refs[1]
-    assert is_dead(int(claimed.claimed_by.rsplit(":", 1)[1]))  # its claimant
+    claimant = int(claimed.claimed_by.rsplit(":", 1)[1])
+    # (The marker is written just before the process kills itself.)
+    wait(lambda: is_dead(claimant), timeout=10, what="the claimant to be dead", clusters=[cluster])
 
     def recovered():
         reclaim_expired()  # the reclaim schedule's work: the dead claim's slot comes back
