@@ -10,7 +10,7 @@ One real `manage.py qcluster` (2 workers, ORM broker, the benchmark's own databa
 A (max_concurrent 1) and B (max_concurrent 2), both with a daily CPU budget of 3,600 s.
 
 1. solo:  B enqueues 50 jobs, one every 50 ms, through `scheduling.runtime.enqueue`;
-2. work conservation: A's backlog of 400 jobs (`enqueue_many`, timed: the bulk enqueue cost per
+2. work conservation: A's backlog of 400 jobs (sent for C, A's twin: same cap and budget) (`enqueue_many`, timed: the bulk enqueue cost per
    job) runs alone; A's jobs/s (first start to last finish) against the bound
    cap x 1000 / job ms, and the most of A's runs at once (recorded intervals, and sampled every 20 ms);
 3. flood: A starts enqueueing 2,000 jobs as fast as one process can (a child process; `enqueue_many` in chunks
@@ -60,16 +60,19 @@ def ref(job_ms: int, name: str) -> str:
     return f"{job_ms}/{name}"
 
 
-def setup_accounts(args) -> tuple[int, int]:
+def setup_accounts(args) -> tuple[int, int, int]:
+    """A, B and C: C is A's twin (same cap and budget) for the work-conservation phase, so that A's
+    ledger and TaskRuns are its flood's alone."""
     from budgets.models import Account, Budget, Plan
 
     ids = []
-    for slug, cap, cpu in (("bench-a", args.a_cap, args.a_cpu_seconds), ("bench-b", args.b_cap, args.b_cpu_seconds)):
+    for slug, cap, cpu in (("bench-a", args.a_cap, args.a_cpu_seconds), ("bench-b", args.b_cap, args.b_cpu_seconds),
+                           ("bench-c", args.a_cap, args.a_cpu_seconds)):
         account, _ = Account.objects.get_or_create(slug=slug, defaults={"name": slug, "plan": Plan.STANDARD})
         Budget.objects.update_or_create(account=account, queue=QUEUE,
                                         defaults={"cpu_seconds_per_day": cpu, "max_concurrent": cap})
         ids.append(account.pk)
-    return ids[0], ids[1]
+    return ids[0], ids[1], ids[2]
 
 
 # --- The flood (a child process) -----------------------------------------------------------------
@@ -250,7 +253,8 @@ def most_at_once(intervals: list[tuple]) -> int:
 
 
 def run_conservation(args, a_id: int, b_id: int, cluster: h.Cluster) -> dict:
-    """A's backlog alone: how close its throughput comes to cap x 1000 / job ms."""
+    """A's backlog alone (run by its twin C, `a_id` here): how close its throughput comes to
+    cap x 1000 / job ms."""
     from scheduling.models import TaskRun
     from scheduling.runtime import enqueue_many
 
@@ -353,7 +357,7 @@ def main(argv=None) -> int:
 
     log = h.log
     info = h.machine_info(db_url)
-    a_id, b_id = setup_accounts(args)
+    a_id, b_id, c_id = setup_accounts(args)
     h.reset_tables(*h.RUN_TABLES)
     log(f"database {h.redact_url(db_url)}; A floods {args.flood} x {job_name(args.job_ms)} "
         f"({args.job_ms} ms); B sends {args.b_jobs} every {args.b_spacing_ms:.0f} ms")
@@ -397,7 +401,7 @@ def main(argv=None) -> int:
         log(f"solo:  B wait p50 {solo['wait_ms']['p50']:.0f} ms, p95 {solo['wait_ms']['p95']:.0f} ms")
         h.wait_until(h.broker_empty, timeout=60, what="broker empty after the solo phase", cluster=cluster)
         time.sleep(1)
-        conserve = run_conservation(args, a_id, b_id, cluster)
+        conserve = run_conservation(args, c_id, b_id, cluster)
         log(f"work conservation: A {conserve['jobs_per_s']:.1f} jobs/s of a bound {conserve['bound_jobs_per_s']} "
             f"(cap {args.a_cap}, {args.job_ms} ms jobs); at once at most {conserve['most_at_once_recorded']}")
         h.wait_until(h.broker_empty, timeout=60, what="broker empty after the conservation phase", cluster=cluster)
