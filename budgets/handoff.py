@@ -21,13 +21,20 @@ from dataclasses import dataclass
 
 from django.conf import settings
 from django.db import connection, transaction
+from django.utils import timezone
 
 from budgets import clock, standing
-from budgets.models import Budget, Reservation
+from budgets.models import Budget, Reservation, ReservationStatus
 from budgets.standing import Standing
 from scheduling.envelope import Envelope
 from scheduling.holding import claim_oldest, release_oldest
 from scheduling.models import DeferredTask
+
+# A claimant yields to the broker (returns to django-q2) when a job sent to the broker on this
+# queue has waited this long without starting: every worker is busy, and a worker that kept
+# running held work would leave it waiting (up to a whole hand-off window). About two polls of
+# FAIRSHARE_POLL's default, so a message an idle worker is about to fetch does not count.
+BROKER_WAIT_YIELD_S = 0.25
 
 # How many accounts a pull looks at before it gives up (each one it cannot use is skipped, e.g.
 # its Budget row is locked by a settlement that is about to hand the slot off itself).
@@ -58,6 +65,8 @@ def hand_off(*, account_id: int, queue: str, state: Standing, day: dt.date, work
     # same when none of its runs is active (its admission then holds it until the next day).
     if not state.held or state.free_slots <= 0 or (state.unreserved_ms <= 0 and state.active):
         return None  # nothing waits, or it would only be held again until a run gives budget back
+    if _broker_backlog(queue):
+        return None  # the caller releases it to the broker instead, behind what waits there
     task = claim_oldest(account_id=account_id, queue=queue, worker=worker,
                         lease_s=settings.FAIRSHARE["HANDOFF_CLAIM_LEASE_S"])
     if task is None:
@@ -87,8 +96,26 @@ SELECT account_id FROM ({_CANDIDATES_SQL}) c WHERE c.in_flight < c.max_concurren
 """
 
 
+_BACKLOG_SQL = """
+SELECT EXISTS (SELECT 1 FROM {reservation} r
+                WHERE r.queue = %s AND r.status = %s AND r.created_at < %s
+                  AND NOT EXISTS (SELECT 1 FROM {deferred} d WHERE d.job = r.job AND d.ref = r.ref))
+""".format(reservation=Reservation._meta.db_table, deferred=DeferredTask._meta.db_table)
+
+
+def _broker_backlog(queue: str) -> bool:
+    """Whether a job sent to the broker on `queue` waits for a worker (a dispatched slot older than
+    BROKER_WAIT_YIELD_S; a claimed job's slot is not one: its held row is still there)."""
+    since = timezone.now() - dt.timedelta(seconds=BROKER_WAIT_YIELD_S)
+    with connection.cursor() as cursor:
+        cursor.execute(_BACKLOG_SQL, [queue, ReservationStatus.DISPATCHED, since])
+        return bool(cursor.fetchone()[0])
+
+
 def pull(*, queue: str, worker: str) -> Envelope | None:
     """Claim one eligible held job of `queue` for `worker` into a free slot, in fair order."""
+    if _broker_backlog(queue):
+        return None
     now = clock.now()
     with connection.cursor() as cursor:
         cursor.execute(_FAIR_ORDER_SQL, [queue, *standing.IN_FLIGHT, queue, now, now, PULL_CANDIDATES])

@@ -232,7 +232,7 @@ def settle(
         claimed = None
         if was_active and handoff_to is not None:
             claimed = handoff.hand_off(account_id=account_id, queue=queue, state=state, day=day, worker=handoff_to)
-        elif was_active:
+        if was_active and claimed is None:
             handoff.release(account_id=account_id, queue=queue, state=state, limit=1, day=day)
     return handoff.Settled(handoff=claimed)
 

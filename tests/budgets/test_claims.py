@@ -95,6 +95,7 @@ def test_pull_serves_the_account_with_the_fewest_slots_in_use_first_and_only_int
     enqueue_many(job="tests.noop", work=[(full.pk, "0/f-0"), (full.pk, "0/f-1")])
     enqueue_many(job="tests.noop", work=[(busy.pk, f"0/b-{i}") for i in range(5)])
     Reservation.objects.filter(ref="0/b-0").delete()
+    Reservation.objects.update(status=ReservationStatus.ACTIVE)  # the rest are running
     hold(envelope=Envelope(job="tests.noop", account=idle.pk, ref="0/i-0"), queue="default",
          reason=DeferReason.RETRY_BACKOFF, eligible_at=clock.now())
 
@@ -105,3 +106,22 @@ def test_pull_serves_the_account_with_the_fewest_slots_in_use_first_and_only_int
                       None]  # busy is at its cap now, and full was all along
     assert DeferredTask.objects.get(ref="0/f-1").claimed_by == ""
     assert Reservation.objects.filter(account=busy).count() == 3
+
+
+def test_a_worker_yields_to_work_waiting_in_the_broker_instead_of_claiming(account, other_account):
+    budget(account, cap=1)
+    budget(other_account, cap=2)
+    enqueue_many(job="tests.noop", work=[(account.pk, f"0/{i}") for i in range(2)])
+    first = run(account, "0/0")
+    # Another account's job was sent a while ago and no worker has started it: all are busy.
+    enqueue_many(job="tests.noop", work=[(other_account.pk, "0/waiting")])
+    Reservation.objects.filter(ref="0/waiting").update(created_at=timezone.now() - dt.timedelta(seconds=5))
+
+    settled = settle(reservation_id=first.reservation_id, account_id=account.pk, queue="default", meter=meter(5),
+                     handoff_to="w1")
+
+    assert settled.handoff is None  # the worker goes back to the broker ...
+    assert pull(queue="default", worker="w1") is None
+    slot = Reservation.objects.get(account=account)  # ... and the freed slot's job is sent there
+    assert (slot.ref, slot.status) == ("0/1", ReservationStatus.DISPATCHED)
+    assert not DeferredTask.objects.exists()
