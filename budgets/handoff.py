@@ -58,14 +58,16 @@ def release(*, account_id: int, queue: str, state: Standing, limit: int, day: dt
     return len(released)
 
 
-def hand_off(*, account_id: int, queue: str, state: Standing, day: dt.date, worker: str) -> Envelope | None:
+def hand_off(
+    *, account_id: int, queue: str, state: Standing, day: dt.date, worker: str, yield_to_broker: bool = True,
+) -> Envelope | None:
     """In the settling transaction, under the account's lock: claim its oldest eligible held job
     for `worker` into the slot the settlement just freed."""
     # The same test as `release`: a job whose account has nothing left to reserve goes all the
     # same when none of its runs is active (its admission then holds it until the next day).
     if not state.held or state.free_slots <= 0 or (state.unreserved_ms <= 0 and state.active):
         return None  # nothing waits, or it would only be held again until a run gives budget back
-    if _broker_backlog(queue):
+    if yield_to_broker and _broker_backlog(queue):
         return None  # the caller releases it to the broker instead, behind what waits there
     task = claim_oldest(account_id=account_id, queue=queue, worker=worker,
                         lease_s=settings.FAIRSHARE["HANDOFF_CLAIM_LEASE_S"])
@@ -76,9 +78,18 @@ def hand_off(*, account_id: int, queue: str, state: Standing, day: dt.date, work
     return envelope
 
 
+# A job sent to the broker on the queue waits for a worker: a dispatched slot older than
+# BROKER_WAIT_YIELD_S (a claimed job's slot is not one: its held row is still there).
+_WAITING_IN_BROKER = """
+SELECT 1 FROM {reservation} r
+ WHERE r.queue = %s AND r.status = %s AND r.created_at < %s
+   AND NOT EXISTS (SELECT 1 FROM {deferred} d WHERE d.job = r.job AND d.ref = r.ref)
+""".format(reservation=Reservation._meta.db_table, deferred=DeferredTask._meta.db_table)
+_BACKLOG_SQL = f"SELECT EXISTS ({_WAITING_IN_BROKER})"
+
 # Accounts with eligible held work on a queue and a free slot there, fewest slots in use first,
-# then the one whose oldest held job waited longest. One statement: it runs after every task
-# that hands nothing off. (Budget rows of accounts with none yet get their defaults at admission,
+# then the one whose oldest held job waited longest; none while work waits in the broker. One
+# statement: it runs after every task that hands nothing off. (Budget rows of accounts with none yet get their defaults at admission,
 # so an account without a Budget row is not pulled: its broker message or the pulse releases it.)
 _CANDIDATES_SQL = """
 SELECT d.account_id, MIN(d.created_at) AS oldest, b.max_concurrent,
@@ -91,34 +102,29 @@ SELECT d.account_id, MIN(d.created_at) AS oldest, b.max_concurrent,
 """.format(reservation=Reservation._meta.db_table, deferred=DeferredTask._meta.db_table,
            budget=Budget._meta.db_table)
 _FAIR_ORDER_SQL = f"""
-SELECT account_id FROM ({_CANDIDATES_SQL}) c WHERE c.in_flight < c.max_concurrent
+SELECT account_id FROM ({_CANDIDATES_SQL}) c
+ WHERE c.in_flight < c.max_concurrent AND NOT EXISTS ({_WAITING_IN_BROKER})
  ORDER BY c.in_flight, c.oldest LIMIT %s
 """
 
 
-_BACKLOG_SQL = """
-SELECT EXISTS (SELECT 1 FROM {reservation} r
-                WHERE r.queue = %s AND r.status = %s AND r.created_at < %s
-                  AND NOT EXISTS (SELECT 1 FROM {deferred} d WHERE d.job = r.job AND d.ref = r.ref))
-""".format(reservation=Reservation._meta.db_table, deferred=DeferredTask._meta.db_table)
+def _waiting_since() -> dt.datetime:
+    return timezone.now() - dt.timedelta(seconds=BROKER_WAIT_YIELD_S)
 
 
 def _broker_backlog(queue: str) -> bool:
-    """Whether a job sent to the broker on `queue` waits for a worker (a dispatched slot older than
-    BROKER_WAIT_YIELD_S; a claimed job's slot is not one: its held row is still there)."""
-    since = timezone.now() - dt.timedelta(seconds=BROKER_WAIT_YIELD_S)
+    """Whether a job sent to the broker on `queue` waits for a worker."""
     with connection.cursor() as cursor:
-        cursor.execute(_BACKLOG_SQL, [queue, ReservationStatus.DISPATCHED, since])
+        cursor.execute(_BACKLOG_SQL, [queue, ReservationStatus.DISPATCHED, _waiting_since()])
         return bool(cursor.fetchone()[0])
 
 
 def pull(*, queue: str, worker: str) -> Envelope | None:
     """Claim one eligible held job of `queue` for `worker` into a free slot, in fair order."""
-    if _broker_backlog(queue):
-        return None
     now = clock.now()
     with connection.cursor() as cursor:
-        cursor.execute(_FAIR_ORDER_SQL, [queue, *standing.IN_FLIGHT, queue, now, now, PULL_CANDIDATES])
+        cursor.execute(_FAIR_ORDER_SQL, [queue, *standing.IN_FLIGHT, queue, now, now,
+                                         queue, ReservationStatus.DISPATCHED, _waiting_since(), PULL_CANDIDATES])
         candidates = [row[0] for row in cursor.fetchall()]
     day = clock.budget_day(now)
     for account_id in candidates:
@@ -128,7 +134,8 @@ def pull(*, queue: str, worker: str) -> Envelope | None:
             if not standing.lock(account_id=account_id, queue=queue, skip_locked=True):
                 continue
             state = standing.read(account_id=account_id, queue=queue, day=day)
-            claimed = hand_off(account_id=account_id, queue=queue, state=state, day=day, worker=worker)
+            claimed = hand_off(account_id=account_id, queue=queue, state=state, day=day, worker=worker,
+                               yield_to_broker=False)  # (the candidates query looked)
         if claimed is not None:
             return claimed
     return None
