@@ -1,9 +1,16 @@
+from django import forms
 from django.contrib import admin, messages
-from django.utils.html import format_html_join
+from django.contrib.admin.helpers import ACTION_CHECKBOX_NAME
+from django.shortcuts import render
+from django.utils.html import format_html, format_html_join
 
-from budgets.models import Account, ApiToken, Budget, Membership, Reservation, UsageDay
+from budgets.adjust import budget_adjust
+from budgets.models import Account, ApiToken, Budget, BudgetAdjustment, Membership, Reservation, UsageDay
 from budgets.selectors import budget_status
 from budgets.tenancy import AccountScopedAdmin, ReadOnlyAdmin
+from scheduling.charts import burn_down
+from scheduling.operator import message_results
+from scheduling.pausing import pause, resume
 
 
 class MembershipInline(admin.TabularInline):
@@ -25,6 +32,15 @@ class AccountAdmin(AccountScopedAdmin):
     search_fields = ["slug", "name"]
     prepopulated_fields = {"slug": ["name"]}
     inlines = [MembershipInline, BudgetInline]
+    actions = ["pause_accounts", "resume_accounts"]
+
+    @admin.action(description="Pause: hold the selected accounts' new work")
+    def pause_accounts(self, request, queryset):
+        message_results(self, request, [pause(user=request.user, account=account) for account in queryset])
+
+    @admin.action(description="Resume: release the selected accounts' paused work")
+    def resume_accounts(self, request, queryset):
+        message_results(self, request, [resume(user=request.user, account=account) for account in queryset])
 
     def changelist_view(self, request, extra_context=None):
         # One query set for the whole page instead of one per row.
@@ -33,13 +49,14 @@ class AccountAdmin(AccountScopedAdmin):
             self._status.setdefault(row.account, []).append(row)
         return super().changelist_view(request, extra_context)
 
-    @admin.display(description="today's CPU (used / limit, running, sent, held)")
+    @admin.display(description="today's CPU per queue (used, reserved, limit) and work")
     def budget_today(self, obj):
         rows = getattr(self, "_status", {}).get(obj.slug, [])
         return format_html_join(
-            "", "<div>{}: {} / {} s ({}%), {}/{} running, {} sent, {} held</div>",
-            ((r.queue, round(r.cpu_used_ms / 1000, 1), r.cpu_limit_ms // 1000,
-              round(100 * r.cpu_used_ms / r.cpu_limit_ms) if r.cpu_limit_ms else 0,
+            "", '<div class="budget-row">{} {} {}: {} / {} s used, {} s reserved; {}/{} running, {} sent, {} held</div>',
+            ((burn_down(used=r.cpu_used_ms, reserved=r.cpu_reserved_ms, limit=r.cpu_limit_ms), r.queue,
+              f"({round(100 * r.cpu_used_ms / r.cpu_limit_ms) if r.cpu_limit_ms else 0}%)",
+              round(r.cpu_used_ms / 1000, 1), r.cpu_limit_ms // 1000, round(r.cpu_reserved_ms / 1000, 1),
               r.running, r.max_concurrent, r.sent, r.held) for r in rows),
         ) or "—"
 
@@ -52,10 +69,37 @@ class MembershipAdmin(AccountScopedAdmin):
     autocomplete_fields = ["user", "account"]
 
 
+class AdjustForm(forms.Form):
+    cpu_seconds_per_day = forms.IntegerField(min_value=0, label="CPU seconds per day")
+    today_only = forms.BooleanField(required=False, initial=True, label="For today only (back at the next budget day)")
+
+
 @admin.register(Budget)
 class BudgetAdmin(AccountScopedAdmin):
     list_display = ["account", "queue", "cpu_seconds_per_day", "max_concurrent"]
     list_filter = ["queue", "account"]
+    actions = ["adjust"]
+
+    @admin.action(description="Adjust the daily CPU budget (today only or for good)")
+    def adjust(self, request, queryset):
+        form = AdjustForm(request.POST if "apply" in request.POST else None)
+        if form.is_valid():
+            message_results(self, request, [
+                budget_adjust(user=request.user, budget_id=budget.pk, today_only=form.cleaned_data["today_only"],
+                              cpu_seconds_per_day=form.cleaned_data["cpu_seconds_per_day"]) for budget in queryset])
+            return None
+        return render(request, "admin/budgets/adjust.html", {
+            **self.admin_site.each_context(request), "title": "Adjust budgets", "form": form, "budgets": queryset,
+            "selected": request.POST.getlist(ACTION_CHECKBOX_NAME), "opts": self.model._meta,
+        })
+
+
+@admin.register(BudgetAdjustment)
+class BudgetAdjustmentAdmin(ReadOnlyAdmin):
+    account_path = "budget__account"
+    list_display = ["budget", "previous_cpu_seconds", "cpu_seconds_per_day", "until_day", "ended_at", "adjusted_by",
+                    "created_at"]
+    list_filter = ["until_day"]
 
 
 @admin.register(ApiToken)

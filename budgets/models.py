@@ -176,3 +176,25 @@ class ApiToken(models.Model):
         raw = cls.PREFIX + secrets.token_urlsafe(32)
         token = cls.objects.create(user=user, name=name, key_hash=hash_token(raw), hint=raw[:8])
         return token, raw
+
+
+class BudgetAdjustment(models.Model):
+    """An operator's change of a budget's daily CPU limit (budgets.adjust), kept as its history:
+    for good, or for one budget day (`until_day`), after which `budgets.end_adjustments` puts
+    `previous_cpu_seconds` back."""
+
+    budget = models.ForeignKey(Budget, on_delete=models.CASCADE, related_name="adjustments")
+    cpu_seconds_per_day = models.PositiveIntegerField()
+    previous_cpu_seconds = models.PositiveIntegerField()
+    until_day = models.DateField(null=True, blank=True, help_text="Empty: for good")
+    ended_at = models.DateTimeField(null=True, blank=True, help_text="When the day's limit was put back (or superseded)")
+    adjusted_by = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL,
+                                    related_name="+")
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["-created_at"]
+
+    def __str__(self) -> str:
+        scope = f"for {self.until_day} only" if self.until_day else "for good"
+        return f"{self.budget}: {self.previous_cpu_seconds} -> {self.cpu_seconds_per_day} CPU s/day {scope}"

@@ -192,11 +192,14 @@ FAIRSHARE = {
         "scheduling.middleware.ContractMiddleware",
         "scheduling.middleware.RunRecordingMiddleware",
         "budgets.middleware.BudgetMiddleware",
+        # Inside the budget's admission, so that a paused job gives its dispatched slot back.
+        "scheduling.pausing.PauseMiddleware",
         "scheduling.middleware.RetryMiddleware",
     ],
     # The enqueue-time checks account work passes before it is sent to the broker (dotted paths,
     # like AUTHENTICATION_BACKENDS; see scheduling.runtime.EnqueueGate). A gate may hold the job.
-    "ENQUEUE_GATES": ["budgets.gate.BudgetGate"],
+    # The pause gate first: paused work takes no budget slot.
+    "ENQUEUE_GATES": ["scheduling.pausing.PauseGate", "budgets.gate.BudgetGate"],
 }
 
 # JSON lines in production (LOG_FORMAT=json, the default without DEBUG), readable text in the demo.
