@@ -20,16 +20,16 @@ def burn_down(*, used: int, reserved: int, limit: int, width: int = 160) -> Safe
     )
 
 
-def bars(rows: Sequence[tuple[str, float]], *, unit: str = "", color: str = USED, width: int = 480) -> SafeString:
+def bars(rows: Sequence[tuple[str, float]], *, unit: str = "", color: str = USED, width: int = 560) -> SafeString:
     """Horizontal bars, one per (label, value), with the value written beside each."""
     if not rows:
         return mark_safe('<p class="chart-empty">nothing to show</p>')
     top = max(value for _, value in rows) or 1
-    line, label_w, bar_w = 18, 160, width - 160 - 70
+    line, label_w, bar_w = 18, 230, width - 230 - 80
     body = format_html_join("", (
         '<text x="0" y="{}" font-size="11">{}</text><rect x="{}" y="{}" width="{}" height="12" fill="{}"/>'
         '<text x="{}" y="{}" font-size="11">{} {}</text>'), (
-        (i * line + 11, label[:26], label_w, i * line + 1, round(bar_w * value / top), color,
+        (i * line + 11, label[:40], label_w, i * line + 1, round(bar_w * value / top), color,
          label_w + round(bar_w * value / top) + 4, i * line + 11, _num(value), unit)
         for i, (label, value) in enumerate(rows)))
     return format_html('<svg class="chart" width="{}" height="{}" role="img">{}</svg>', width, len(rows) * line, body)
