@@ -10,6 +10,7 @@ from budgets.auth import CsrfFailed, api_user
 from exports import storage
 from exports.forms import ExportRequestForm
 from exports.models import ExportRecord, ExportStatus
+from exports.operations import export_retry
 from exports.requests import ExportRequestError, export_request
 from exports.selectors import exports_visible_to
 
@@ -19,6 +20,7 @@ ERROR_STATUS = {
     "account_inactive": HTTPStatus.FORBIDDEN,
     "idempotency_key_reused": HTTPStatus.CONFLICT,
     "too_many_rows": HTTPStatus.UNPROCESSABLE_ENTITY,
+    "not_retryable": HTTPStatus.CONFLICT,
 }
 
 
@@ -119,3 +121,20 @@ def export_download(request, export_id):
     return HttpResponseRedirect(storage.download_url(export_id=found.pk, key=found.output_key, user_id=user.pk))
 
 
+
+
+@csrf_exempt  # as request_export: api_user() checks CSRF for session requests
+@require_POST
+def retry_export(request, export_id):
+    """Run a failed or cancelled export again (same id, fresh attempts): 202 with the export."""
+    try:
+        user, found = _visible_export(request, export_id)
+    except CsrfFailed as exc:
+        return error_response(HTTPStatus.FORBIDDEN, "csrf_failed", f"CSRF check failed: {exc}")
+    if isinstance(found, JsonResponse):
+        return found
+    [result] = export_retry(user=user, export_ids=[found.pk])
+    if not result.ok:
+        return error_response(ERROR_STATUS.get(result.code, HTTPStatus.FORBIDDEN), result.code, result.message)
+    found.refresh_from_db()
+    return JsonResponse(export_json(found), status=HTTPStatus.ACCEPTED)

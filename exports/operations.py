@@ -32,10 +32,11 @@ def export_retry(*, user, export_ids: list[UUID]) -> list[ItemResult]:
             # cancel sees the other's final state.
             record = ExportRecord.objects.select_for_update().filter(pk=export_id).first()
             why = "not found" if record is None else refusal(user=user, account_id=record.account_id, needs="operator")
+            code = "not_found" if why == "not found" else "not_allowed"
             if not why and record.status not in RETRYABLE:
-                why = f"it is {record.status}; only failed or cancelled exports can be retried"
+                why, code = f"it is {record.status}; only failed or cancelled exports can be retried", "not_retryable"
             if why:
-                results.append(ItemResult(f"export {export_id}", False, why))
+                results.append(ItemResult(f"export {export_id}", False, why, code))
                 continue
             ExportRecord.objects.filter(pk=record.pk).update(
                 status=ExportStatus.QUEUED, attempt_limit=F("attempt_count") + RETRY_ATTEMPTS,

@@ -52,12 +52,12 @@ def columns(series: dict[str, Sequence[float]], labels: Sequence[str], *, colors
     body = format_html_join("", '<rect x="{}" y="{}" width="{}" height="{}" fill="{}"><title>{}</title></rect>', rects)
     if limit:
         points = " ".join(f"{round(i * step + step / 2, 1)},{round(height - height * v / top, 1)}" for i, v in enumerate(limit))
-        body += format_html('<polyline points="{}" fill="none" stroke="{}" stroke-dasharray="4 2"/>', points, FAILED)
+        body += format_html('<polyline points="{}" fill="none" stroke="{}" stroke-dasharray="4 2" vector-effect="non-scaling-stroke"/>', points, FAILED)
     legend = format_html_join(" ", '<span style="color:{}">&#9632; {}</span>', ((c, n) for n, c in colors.items()))
     return format_html(
-        '<svg class="chart" width="{}" height="{}" role="img" aria-label="top {} {}">{}</svg>'
-        '<div class="chart-legend">{} {} &middot; {} &ndash; {} &middot; top {} {}</div>',
-        width, height, _num(top), unit, body, legend,
+        '<svg class="chart" viewBox="0 0 {} {}" width="100%" height="{}" preserveAspectRatio="none" role="img" '
+        'aria-label="top {} {}">{}</svg><div class="chart-legend">{} {} &middot; {} &ndash; {} &middot; top {} {}</div>',
+        width, height, height, _num(top), unit, body, legend,
         format_html('<span style="color:{}">- - limit</span>', FAILED) if limit else "",
         labels[0] if labels else "", labels[-1] if labels else "", _num(top), unit)
 

@@ -22,6 +22,8 @@ class ItemResult:
     item: str
     ok: bool
     message: str
+    # Why not, for API clients ("not_found", "not_allowed", or the action's own); "" when ok.
+    code: str = ""
 
     def __str__(self) -> str:
         return f"{self.item}: {self.message}"

@@ -13,3 +13,7 @@ def operator(account):
 @pytest.fixture
 def root(db):
     return UserFactory(username="root", is_staff=True, is_superuser=True)
+
+
+# Real export workers for the browser test (FAST_RECOVERY settings, e-mail to files).
+from tests.exports.conftest import mail_dir, start_exports  # noqa: E402,F401

@@ -117,3 +117,22 @@ def test_retry_after_a_failure_past_publishing_keeps_one_object_and_sends_one_em
     assert attempts(record) == [AttemptOutcome.FAILED, AttemptOutcome.RECONCILED]  # history kept
     assert runs(record) == [Outcome.FAILED, Outcome.SUCCEEDED, Outcome.SKIPPED]
     assert len(mailoutbox) == 1 and str(record.pk) in mailoutbox[0].body
+
+
+def test_retry_through_the_api_and_the_command(client, account, operator, viewer, capsys):
+    from django.core.management import CommandError, call_command
+
+    from tests.exports.support import bearer
+    record = _failed(account)
+    assert client.post(f"/api/exports/{record.pk}/retry/", **bearer(viewer)).json()["error"]["code"] == "not_allowed"
+    response = client.post(f"/api/exports/{record.pk}/retry/", **bearer(operator))
+    assert response.status_code == 202 and response.json()["status"] == "queued"
+    again = client.post(f"/api/exports/{record.pk}/retry/", **bearer(operator))
+    assert again.status_code == 409 and again.json()["error"]["code"] == "not_retryable"
+
+    ExportRecord.objects.filter(pk=record.pk).update(status=ExportStatus.CANCELLED)
+    call_command("retry_export", str(record.pk), "--user", "acme-operator")
+    assert "queued again" in capsys.readouterr().out
+    with pytest.raises(CommandError):
+        call_command("retry_export", str(record.pk), "--user", "acme-operator")
+    assert LogEntry.objects.filter(object_id=str(record.pk), user=operator).count() == 2
