@@ -1,7 +1,9 @@
 from django.contrib import admin
+from django.http import HttpResponseRedirect
+from django.urls import reverse
 from django.utils.timesince import timeuntil
 
-from budgets.tenancy import ReadOnlyAdmin
+from budgets.tenancy import ReadOnlyAdmin, accounts_visible_to
 from scheduling import clock
 from scheduling.actions import release_held
 from scheduling.models import DeferredTask, Pause, TaskRun, TaskRunDaily, WorkerHeartbeat
@@ -81,6 +83,11 @@ class PauseAdmin(ReadOnlyAdmin):
     def has_add_permission(self, request, obj=None):
         return True  # the pause service checks the role for the chosen account (a queue: superusers)
 
+    def formfield_for_foreignkey(self, db_field, request, **kwargs):
+        if db_field.name == "account":  # a tenant chooses among its own accounts only
+            kwargs["queryset"] = accounts_visible_to(user=request.user)
+        return super().formfield_for_foreignkey(db_field, request, **kwargs)
+
     def save_model(self, request, obj, form, change):
         result = pause(user=request.user, account=obj.account, queue=obj.queue)
         message_results(self, request, [result])
@@ -88,6 +95,10 @@ class PauseAdmin(ReadOnlyAdmin):
 
     def log_addition(self, request, obj, message):
         pass  # the pause service wrote the log entry
+
+    def response_add(self, request, obj, post_url_continue=None):
+        # Back to the list, where the service's result is shown (a refused pause has no object).
+        return HttpResponseRedirect(reverse("admin:scheduling_pause_changelist"))
 
     @admin.action(description="Resume: lift the pause and release its held work")
     def resume_selected(self, request, queryset):

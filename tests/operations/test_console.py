@@ -4,6 +4,7 @@ import datetime as dt
 
 import pytest
 from django.contrib.admin.models import LogEntry
+from django.contrib.auth.models import Permission
 from django.urls import reverse
 from django.utils import timezone
 from django_q.models import Schedule
@@ -122,3 +123,17 @@ def test_schedules_show_their_last_run_from_our_records(client, root):
     response = client.post(reverse("admin:django_q_schedule_changelist"),
                            {"action": "run_now", "index": 0, "_selected_action": [schedule.pk]}, follow=True)
     assert "fairshare:purge-expired-exports: sent to its queue" in response.content.decode().lower()
+
+
+def test_a_queue_is_paused_from_the_admin_and_a_tenant_may_choose_only_its_accounts(client, root, account, operator):
+    AccountFactory(slug="globex")
+    operator.user_permissions.add(*Permission.objects.filter(codename__in=["view_pause", "add_pause"]))
+    client.force_login(operator)
+    form = client.get(reverse("admin:scheduling_pause_add")).content.decode()
+    assert ">acme<" in form and "globex" not in form
+    client.post(reverse("admin:scheduling_pause_add"), {"account": "", "queue": "exports"}, follow=True)
+    assert not Pause.objects.exists()  # a queue belongs to no account: superusers only
+    client.force_login(root)
+    response = client.post(reverse("admin:scheduling_pause_add"), {"account": "", "queue": "exports"}, follow=True)
+    assert "queue exports: paused" in response.content.decode().lower()
+    assert Pause.objects.filter(account=None, queue="exports").exists()
