@@ -9,6 +9,7 @@ Uses its own database (fairshare_bench_dashboard); prints a table and writes
 bench/results/dashboard[-quick].json.
 """
 import argparse
+import contextlib
 import datetime as dt
 import time
 
@@ -71,7 +72,8 @@ def measure(repeat: int) -> dict:
     from django.test import Client
     from django.test.utils import CaptureQueriesContext, setup_test_environment
 
-    setup_test_environment()  # the test client's ALLOWED_HOSTS and template signals
+    with contextlib.suppress(RuntimeError):  # already set up by the first measurement
+        setup_test_environment()  # the test client's ALLOWED_HOSTS ("testserver")
     user, _ = get_user_model().objects.get_or_create(username="bench-root", defaults={"is_staff": True, "is_superuser": True})
     client = Client()
     client.force_login(user)

@@ -29,4 +29,8 @@ class Migration(migrations.Migration):
                 'ordering': ['-created_at'],
             },
         ),
+        migrations.AddIndex(
+            model_name='usageday',
+            index=models.Index(fields=['day'], name='usageday_day'),
+        ),
     ]
