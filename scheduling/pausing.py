@@ -26,11 +26,16 @@ def _covering(*, account_id: int, queue: str):
 
 def hold_if_paused(*, envelope: Envelope, queue: str) -> bool:
     """Hold the job with reason "paused" when a pause covers it; True when it did."""
+    covering = _covering(account_id=envelope.account, queue=queue)
+    if not covering.exists():
+        # The common case, in one query and no transaction. A pause committed just after this
+        # check is caught when the job starts (PauseMiddleware).
+        return False
     with transaction.atomic():
         # Row lock on the covering pause: a resume deletes that row first, so it waits for this
         # hold to commit and then releases it too; without the lock, a job checked just before
         # the resume would be held after the resume had released everything, and wait for ever.
-        if not list(_covering(account_id=envelope.account, queue=queue).select_for_update(no_key=True)):
+        if not list(covering.select_for_update(no_key=True)):
             return False
         holding.hold(envelope=envelope, queue=queue, reason=DeferReason.PAUSED, eligible_at=UNTIL_RESUMED)
         return True
@@ -95,8 +100,10 @@ def resume(*, user, account=None, queue: str = "") -> ItemResult:
             return ItemResult(label, False, "not paused")
         log_action(user=user, obj=row, message=f"Resumed {label}")
         row.delete()
-        held = DeferredTask.objects.filter(reason=DeferReason.PAUSED)
+        held = DeferredTask.objects.filter(reason=DeferReason.PAUSED).only("pk", "account_id", "queue")
         held = held.filter(account=account, **({"queue": queue} if queue else {})) if account else held.filter(queue=queue)
-        ids = [task.pk for task in held if not _covering(account_id=task.account_id, queue=task.queue).exists()]
+        still = list(Pause.objects.values_list("account_id", "queue"))  # the pauses that remain
+        ids = [task.pk for task in held if not any(
+            (acct == task.account_id and q in ("", task.queue)) or (acct is None and q == task.queue) for acct, q in still)]
         released = holding.release_now(deferred_ids=ids)
     return ItemResult(label, True, f"resumed; released {released} held task(s)")
