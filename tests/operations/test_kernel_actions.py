@@ -141,3 +141,16 @@ def test_adjust_for_good_replaces_a_pending_today_only_change(account, owner, mo
     outsider = MembershipFactory(user=UserFactory(username="x"), role=Role.OWNER).user
     assert _messages([budget_adjust(user=outsider, budget_id=budget.pk, cpu_seconds_per_day=1, today_only=True)]) == [
         (False, "not found")]
+
+
+def test_pause_and_resume_from_the_command_line(account, operator, capsys):
+    from django.core.management import CommandError, call_command
+
+    call_command("pause_work", "--account", "acme", "--user", "acme-operator")
+    assert "account acme: paused" in capsys.readouterr().out
+    assert enqueue(job="tests.noop", account=account.pk, ref="1/cli") is None
+    with pytest.raises(CommandError, match="only a superuser"):
+        call_command("pause_work", "--queue", "default", "--user", "acme-operator")
+    call_command("pause_work", "--account", "acme", "--resume", "--user", "acme-operator")
+    assert "released 1 held task(s)" in capsys.readouterr().out
+    assert not DeferredTask.objects.exists()
