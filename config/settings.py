@@ -208,9 +208,18 @@ LOGGING = {
         "text": {"format": "%(asctime)s %(levelname)s %(name)s %(message)s"},
         "json": {"()": "config.logging.JsonFormatter"},
     },
-    "handlers": {"console": {"class": "logging.StreamHandler", "formatter": LOG_FORMAT}},
+    # Every handler redacts (scheduling/redaction.py): a library's message or traceback may quote
+    # a credential, an e-mail address or a download link. A handler added here needs the filter.
+    "filters": {"redact": {"()": "scheduling.redaction.RedactingFilter"}},
+    "handlers": {"console": {"class": "logging.StreamHandler", "formatter": LOG_FORMAT, "filters": ["redact"]}},
     "root": {"handlers": ["console"], "level": env.LOG_LEVEL.read()},
-    "loggers": {"django_q": {"level": env.Q_LOG_LEVEL.read()}},
+    "loggers": {
+        "django-q": {"level": env.Q_LOG_LEVEL.read()},  # django-q2's one logger (django_q/conf.py)
+        # Django's own handlers (DEFAULT_LOGGING) do not redact: its loggers use ours instead. The
+        # web log (django.server) would otherwise record every download link it serves.
+        "django": {"handlers": [], "level": "INFO", "propagate": True},
+        "django.server": {"handlers": [], "level": "INFO", "propagate": True},
+    },
 }
 
 EMAIL_BACKEND = env.EMAIL_BACKEND.read()

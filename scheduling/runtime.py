@@ -19,6 +19,7 @@ from django_q.tasks import async_task
 from scheduling.envelope import Envelope
 from scheduling.metering import Meter
 from scheduling.models import TaskRun
+from scheduling.redaction import LOG_MAX_LENGTH, redact
 from scheduling.registry import Job, get_job
 
 RUNNER = "scheduling.runtime.execute"
@@ -184,6 +185,14 @@ def _chain() -> TaskCall:
     for path in reversed(settings.FAIRSHARE["TASK_MIDDLEWARE"]):
         call = import_string(path)(call)
     return call
+
+
+def redact_failed_result(sender, task: dict, **kwargs) -> None:
+    """django-q2's post_execute_in_worker signal: a failed task's result is its exception text
+    and traceback, which django-q2 stores (Failure) and logs. Redacted before it leaves the worker,
+    whatever raised it (the task middleware already lets no raw text through; this is the net)."""
+    if not task.get("success") and isinstance(task.get("result"), str):
+        task["result"] = redact(task["result"], max_length=LOG_MAX_LENGTH)
 
 
 def execute(message: Any) -> None:
