@@ -61,6 +61,20 @@ MIDDLEWARE = [
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
 ]
 
+# HTTPS: all off by default (demo and tests are plain HTTP); production turns them on from the
+# environment and `manage.py check --deploy` is then clean (tests/test_settings.py).
+SECURE_SSL_REDIRECT = env.SSL_REDIRECT.read()
+SECURE_HSTS_SECONDS = env.HSTS_SECONDS.read()
+SECURE_HSTS_INCLUDE_SUBDOMAINS = env.HSTS_INCLUDE_SUBDOMAINS.read()
+SECURE_HSTS_PRELOAD = env.HSTS_PRELOAD.read()
+SESSION_COOKIE_SECURE = env.SESSION_COOKIE_SECURE.read()
+CSRF_COOKIE_SECURE = env.CSRF_COOKIE_SECURE.read()
+if env.PROXY_SSL_HEADER.read():
+    _header, _, _value = env.PROXY_SSL_HEADER.read().partition("=")
+    if not _value:
+        raise ImproperlyConfigured("SECURE_PROXY_SSL_HEADER must look like HTTP_X_FORWARDED_PROTO=https.")
+    SECURE_PROXY_SSL_HEADER = (_header.strip(), _value.strip())
+
 ROOT_URLCONF = "config.urls"
 WSGI_APPLICATION = "config.wsgi.application"
 

@@ -1,6 +1,8 @@
+from django import forms
 from django.contrib import admin, messages
 
-from budgets.tenancy import AccountScopedAdmin, ReadOnlyAdmin
+from budgets.models import Role
+from budgets.tenancy import AccountScopedAdmin, ReadOnlyAdmin, action_role, can_export
 from exports.leases import export_cancel
 from exports.models import ActivityEvent, ExportAttempt, ExportRecord, ExportSchedule
 
@@ -38,14 +40,16 @@ class ExportRecordAdmin(ReadOnlyAdmin):
     ]
 
     @admin.action(description="Cancel selected exports", permissions=["cancel"])
+    @action_role(Role.OPERATOR)
     def cancel(self, request, queryset):
         for record in queryset:
             status = export_cancel(export_id=record.pk)
+            self.log_change(request, record, f"Cancel requested: {status}")
             self.message_user(request, f"{record.pk}: {status}"
                               + (" (stops at its next batch)" if status == "running" else ""), messages.INFO)
 
     def has_cancel_permission(self, request):
-        return request.user.is_superuser or request.user.has_perm("exports.change_exportrecord")
+        return request.user.has_perm("exports.change_exportrecord") and self.has_role(request, Role.OPERATOR)
 
     @admin.display(description="progress")
     def progress(self, obj):
@@ -62,8 +66,24 @@ class ActivityEventAdmin(AccountScopedAdmin):
     show_full_result_count = False
 
 
+class ExportScheduleForm(forms.ModelForm):
+    """The requester must be allowed to export the account (as every export request must)."""
+
+    class Meta:
+        model = ExportSchedule
+        fields = "__all__"
+
+    def clean(self):
+        data = super().clean()
+        account, requester = data.get("account"), data.get("requested_by")
+        if account is not None and requester is not None and not can_export(user=requester, account=account):
+            self.add_error("requested_by", "This person may not export this account's data.")
+        return data
+
+
 @admin.register(ExportSchedule)
 class ExportScheduleAdmin(AccountScopedAdmin):
+    form = ExportScheduleForm
+    write_role = Role.OPERATOR  # recurring exports are work: operators run it
     list_display = ["account", "source", "period", "at_time", "requested_by", "is_active", "created_at"]
     list_filter = ["period", "is_active", "account"]
-    autocomplete_fields = ["requested_by"]

@@ -1,7 +1,8 @@
 from django.contrib import admin, messages
 from django.utils.timesince import timeuntil
 
-from budgets.tenancy import ReadOnlyAdmin
+from budgets.models import Role
+from budgets.tenancy import ReadOnlyAdmin, action_role
 from scheduling import clock
 from scheduling.holding import release_now
 from scheduling.models import DeferredTask, TaskRun, TaskRunDaily, WorkerHeartbeat
@@ -35,10 +36,17 @@ class DeferredTaskAdmin(ReadOnlyAdmin):
             return "when a slot frees"
         return f"in {timeuntil(obj.eligible_at, now)}"
 
-    @admin.action(description="Release now (back to the queue)")
+    @admin.action(description="Release now (back to the queue)", permissions=["release"])
+    @action_role(Role.OPERATOR)
     def release(self, request, queryset):
-        count = release_now(deferred_ids=list(queryset.values_list("pk", flat=True)))
+        held = list(queryset)
+        count = release_now(deferred_ids=[task.pk for task in held])
+        for task in held:
+            self.log_change(request, task, "Released by hand")
         self.message_user(request, f"Released {count} held task(s).", messages.SUCCESS)
+
+    def has_release_permission(self, request):
+        return request.user.has_perm("scheduling.change_deferredtask") and self.has_role(request, Role.OPERATOR)
 
     def has_delete_permission(self, request, obj=None):
         return False
@@ -57,3 +65,6 @@ class WorkerHeartbeatAdmin(ReadOnlyAdmin):
     list_display = ["worker", "queue", "seen_at"]
     list_filter = ["queue"]
     account_path = None
+
+
+from scheduling import q2_admin  # noqa: E402,F401  (replaces django-q2's own admin pages)

@@ -23,6 +23,8 @@ from scheduling.redaction import LOG_MAX_LENGTH, redact
 from scheduling.registry import Job, get_job
 
 RUNNER = "scheduling.runtime.execute"
+# django-q2's group of an account's task: its task rows are scoped by it in the admin.
+ACCOUNT_GROUP = "account-{}"
 T = TypeVar("T")
 
 
@@ -62,8 +64,9 @@ def send(*, job: str, account: int | None, ref: str) -> str:
     """Ring the doorbell: put the envelope in the job's queue, no questions asked."""
     spec = get_job(job)
     envelope = Envelope(job=spec.name, account=account, ref=str(ref))
+    group = {"group": ACCOUNT_GROUP.format(account)} if account is not None else {}
     return async_task(
-        RUNNER, envelope.to_message(), cluster=spec.queue, task_name=f"{spec.name}:{ref}"[:100],
+        RUNNER, envelope.to_message(), cluster=spec.queue, task_name=f"{spec.name}:{ref}"[:100], **group,
     )
 
 
