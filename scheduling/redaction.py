@@ -33,7 +33,7 @@ _PATTERNS = [
     # password=..., "token": "...", secret: ..., api_key=..., also inside a longer name when
     # assigned: access_token=…, DB_PASSWORD=…, client_secret: …, aws_secret_access_key=…
     (re.compile(rf"\b([\w-]{{0,40}}?(?:{_SECRET_WORDS})[\w-]{{0,40}}[\"']?)(\s*[=:]\s*)[\"']?"
-                r"(?:(?:Bearer|Basic|Token|Digest)\s+)?[^\s\"',;&]+[\"']?", re.I), r"\1\2***"),
+                r"(?:(?:Bearer|Basic|Token|Digest)\s+)?[^\s\"',;&)]+[\"']?", re.I), r"\1\2***"),
     # password hunter2 (no = or :): only a credential-like value, see _CREDENTIAL_LIKE.
     (re.compile(rf"\b({_SECRET_WORDS})(\s+)(?:{_CREDENTIAL_LIKE})", re.I), r"\1\2***"),
     # AWS access key ids (long-term AKIA…, temporary ASIA…, and the other IAM id kinds).
