@@ -169,3 +169,29 @@ def test_check_deploy_is_clean_with_production_settings():
                             capture_output=True, text=True, timeout=120)
     assert {"security.W004", "security.W008", "security.W012", "security.W016"} <= {
         word.strip("():") for word in (result.stdout + result.stderr).split() if word.startswith("(security.")}
+
+
+# --- The API, tried against another account as every role ----------------------------------------
+
+@pytest.mark.parametrize("role", [Role.VIEWER, Role.OPERATOR, Role.OWNER])
+@pytest.mark.parametrize("auth", ["token", "session"])
+def test_every_role_is_refused_another_accounts_exports_through_the_api(account, other_account, role, auth,
+                                                                        export_root):
+    theirs = ExportRecord.objects.create(account=other_account, start_date=dt.date(2026, 3, 1),
+                                         end_date=dt.date(2026, 3, 1), source="activity",
+                                         status=ExportStatus.SUCCEEDED, output_key="globex/file.csv")
+    user = MembershipFactory(account=account, user=UserFactory(username=f"acme-{role}"), role=role).user
+    client, headers = Client(), {}
+    if auth == "token":
+        headers = _auth(ApiToken.issue(user=user, account=account, name="t")[1])
+    else:
+        client.force_login(user)
+    before = list(ExportRecord.objects.values())
+
+    for url in (f"/api/exports/{theirs.pk}/", f"/api/exports/{theirs.pk}/download/"):
+        response = client.get(url, **headers)
+        assert response.status_code == 404 and response.json()["error"]["code"] == "not_found", url
+    response = client.post("/api/accounts/globex/exports/", data={"start": "2026-03-01", "end": "2026-03-01"},
+                           content_type="application/json", **headers)
+    assert response.status_code == 404 and response.json()["error"]["code"] == "unknown_account"
+    assert list(ExportRecord.objects.values()) == before
