@@ -124,10 +124,6 @@ class ApiTokenAdmin(AccountScopedAdmin):
         obj.pk = token.pk
         self.message_user(request, f"Token created. Copy it now, it is not shown again: {raw}", messages.WARNING)
 
-    def log_addition(self, request, obj, message):
-        obj = ApiToken.objects.get(pk=obj.pk)  # never the raw token in the admin log
-        return super().log_addition(request, obj, message)
-
     @admin.action(description="Revoke selected tokens", permissions=["revoke"])
     @action_role(Role.VIEWER)
     def revoke(self, request, queryset):

@@ -50,8 +50,3 @@ def api_caller(request) -> ApiCaller | None:
             raise CsrfFailed(reason)
     return ApiCaller(user)
 
-
-def api_user(request):
-    """The user a request acts as, or None (see api_caller; a token's account is not applied)."""
-    caller = api_caller(request)
-    return None if caller is None else caller.user

@@ -21,6 +21,8 @@ _SECRET_WORDS = r"password|passwd|pwd|secret|token|api[_-]?key|access[_-]?key|pr
 # ("password authentication failed", "token expired") is the message, not the secret.
 _CREDENTIAL_LIKE = r"(?=\S*[\d_/+=.~!$%^&*-])\S{4,}|\S{24,}"
 
+_DOTTED_PATH = re.compile(r"'[a-z_][a-z0-9_]*(?:\.[a-z_][a-z0-9_]*)+'")
+
 _PATTERNS = [
     # scheme://user:password@host -> scheme://***@host
     # (Bounded scheme length: unbounded, a long run of letters made this quadratic.)
@@ -51,8 +53,8 @@ _PATTERNS = [
     (re.compile(r'(:\s*)"[^"\n]*"(?=\s*(?:\n|$))'), r'\1"***"'),
     # (A local part has at most 64 characters; unbounded, a long digit run made this quadratic.)
     (re.compile(r"[\w.+-]{1,64}@[\w-]+(\.[\w-]+)+"), "***@***"),
-    # Quoted literals can be customer values.
-    (re.compile(r"'[^'\n]{1,500}'"), "'***'"),
+    # Quoted literals can be customer values (not a quoted dotted Python path: 'scheduling.runtime.execute').
+    (re.compile(r"'[^'\n]{1,500}'"), lambda m: m[0] if _DOTTED_PATH.fullmatch(m[0]) else "'***'"),
     # Long digit runs: card numbers, phone numbers, account numbers.
     # (Not a segment of a UUID - an export id - that happens to be all digits.)
     (re.compile(r"\b(?<![0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-)\d{7,}\b"

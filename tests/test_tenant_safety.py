@@ -148,6 +148,7 @@ def test_every_configured_log_handler_redacts():
     ("temporary ASIAY34FZKBOKMUTVV7A expired", "temporary ASIA*** expired"),
     ("caller fs_Zx81kq0aaBBBccc is unknown", "caller fs_*** is unknown"),
     ('{"password": "hunter2", "user": "app"}', '{"password": ***, "user": "app"}'),
+    ("Processed 'scheduling.runtime.execute' for 'Carol Jones'", "Processed 'scheduling.runtime.execute' for '***'"),
 ])
 def test_redaction_keeps_the_meaning_and_removes_the_secret(text, kept):
     assert redact(text) == kept
