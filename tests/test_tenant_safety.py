@@ -196,3 +196,15 @@ def test_every_role_is_refused_another_accounts_exports_through_the_api(account,
                            content_type="application/json", **headers)
     assert response.status_code == 404 and response.json()["error"]["code"] == "unknown_account"
     assert list(ExportRecord.objects.values()) == before
+
+
+@pytest.mark.parametrize(("value", "expected"), [
+    ("HTTP_X_FORWARDED_PROTO=https", "('HTTP_X_FORWARDED_PROTO', 'https')"),
+    ("HTTP_X_FORWARDED_PROTO", "SECURE_PROXY_SSL_HEADER must look like HTTP_X_FORWARDED_PROTO=https."),
+])
+def test_the_proxy_ssl_header_is_read_from_the_environment(value, expected):
+    env = {**os.environ, "SECURE_PROXY_SSL_HEADER": value, "DEBUG": "1"}
+    result = subprocess.run([sys.executable, "manage.py", "shell", "-c",
+                             "from django.conf import settings; print(settings.SECURE_PROXY_SSL_HEADER)"],
+                            cwd=REPO, env=env, capture_output=True, text=True, timeout=120)
+    assert expected in result.stdout + result.stderr
