@@ -1,8 +1,10 @@
+from django import forms
 from django.contrib import admin
 from django.urls import reverse
 from django.utils.html import format_html
 
-from budgets.tenancy import AccountScopedAdmin, ReadOnlyAdmin
+from budgets.models import Role
+from budgets.tenancy import AccountScopedAdmin, ReadOnlyAdmin, action_role, can_export
 from exports.models import ActivityEvent, ExportAttempt, ExportRecord, ExportSchedule, ExportStatus
 from exports.operations import export_cancel_by, export_retry, export_schedule_run_now
 from scheduling.operator import message_results
@@ -41,13 +43,20 @@ class ExportRecordAdmin(ReadOnlyAdmin):
                                            "started_at"], "classes": ["collapse"]}),
     ]
 
-    @admin.action(description="Retry selected failed or cancelled exports")
+    @admin.action(description="Retry selected failed or cancelled exports", permissions=["act"])
+    @action_role(Role.OPERATOR)
     def retry(self, request, queryset):
         message_results(self, request, export_retry(user=request.user, export_ids=list(queryset.values_list("pk", flat=True))))
 
-    @admin.action(description="Cancel selected exports")
+    @admin.action(description="Cancel selected exports", permissions=["act"])
+    @action_role(Role.OPERATOR)
     def cancel(self, request, queryset):
         message_results(self, request, export_cancel_by(user=request.user, export_ids=list(queryset.values_list("pk", flat=True))))
+
+    def has_act_permission(self, request):
+        """Retry and cancel act on work, not on the record's fields: whoever sees exports and holds
+        the operator role in an account (each selected export is checked against its account)."""
+        return self.has_view_permission(request) and self.has_role(request, Role.OPERATOR)
 
     @admin.display(description="download")
     def download(self, obj):
@@ -81,13 +90,30 @@ class ActivityEventAdmin(AccountScopedAdmin):
     show_full_result_count = False
 
 
+class ExportScheduleForm(forms.ModelForm):
+    """The requester must be allowed to export the account (as every export request must)."""
+
+    class Meta:
+        model = ExportSchedule
+        fields = "__all__"
+
+    def clean(self):
+        data = super().clean()
+        account, requester = data.get("account"), data.get("requested_by")
+        if account is not None and requester is not None and not can_export(user=requester, account=account):
+            self.add_error("requested_by", "This person may not export this account's data.")
+        return data
+
+
 @admin.register(ExportSchedule)
 class ExportScheduleAdmin(AccountScopedAdmin):
+    form = ExportScheduleForm
+    write_role = Role.OPERATOR  # recurring exports are work: operators run it
     list_display = ["account", "source", "period", "at_time", "requested_by", "is_active", "created_at"]
     list_filter = ["period", "is_active", "account"]
-    autocomplete_fields = ["requested_by"]
     actions = ["run_now"]
 
     @admin.action(description="Run now (request the latest period)")
+    @action_role(Role.OPERATOR)
     def run_now(self, request, queryset):
         message_results(self, request, export_schedule_run_now(user=request.user, schedule_ids=list(queryset.values_list("pk", flat=True))))

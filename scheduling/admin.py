@@ -3,7 +3,8 @@ from django.http import HttpResponseRedirect
 from django.urls import reverse
 from django.utils.timesince import timeuntil
 
-from budgets.tenancy import ReadOnlyAdmin, accounts_visible_to
+from budgets.models import Role
+from budgets.tenancy import ReadOnlyAdmin, accounts_visible_to, action_role
 from scheduling import clock
 from scheduling.actions import release_held
 from scheduling.models import DeferredTask, Pause, TaskRun, TaskRunDaily, WorkerHeartbeat
@@ -48,9 +49,15 @@ class DeferredTaskAdmin(ReadOnlyAdmin):
             return "when a slot frees"
         return f"in {timeuntil(obj.eligible_at, now)}"
 
-    @admin.action(description="Release now (back to the queue)")
+    @admin.action(description="Release now (back to the queue)", permissions=["release"])
+    @action_role(Role.OPERATOR)
     def release(self, request, queryset):
         message_results(self, request, release_held(user=request.user, deferred_ids=list(queryset.values_list("pk", flat=True))))
+
+    def has_release_permission(self, request):
+        """Releasing acts on work, not on the record's fields: whoever sees the holding area and is
+        an operator somewhere (each selected job is checked against its account)."""
+        return self.has_view_permission(request) and self.has_role(request, Role.OPERATOR)
 
     def has_delete_permission(self, request, obj=None):
         return False
@@ -101,9 +108,9 @@ class PauseAdmin(ReadOnlyAdmin):
         return HttpResponseRedirect(reverse("admin:scheduling_pause_changelist"))
 
     @admin.action(description="Resume: lift the pause and release its held work")
+    @action_role(Role.OPERATOR)
     def resume_selected(self, request, queryset):
         message_results(self, request, [resume(user=request.user, account=p.account, queue=p.queue) for p in queryset])
 
 
-# django-q2's schedule admin, with our last runs and "run now" (its own module: a different model).
-from scheduling import schedule_admin  # noqa: E402,F401
+from scheduling import q2_admin  # noqa: E402,F401  (replaces django-q2's own admin pages)

@@ -19,9 +19,12 @@ from django_q.tasks import async_task
 from scheduling.envelope import Envelope
 from scheduling.metering import Meter
 from scheduling.models import TaskRun
+from scheduling.redaction import LOG_MAX_LENGTH, redact
 from scheduling.registry import Job, get_job
 
 RUNNER = "scheduling.runtime.execute"
+# django-q2's group of an account's task: its task rows are scoped by it in the admin.
+ACCOUNT_GROUP = "account-{}"
 T = TypeVar("T")
 
 
@@ -61,8 +64,9 @@ def send(*, job: str, account: int | None, ref: str) -> str:
     """Ring the doorbell: put the envelope in the job's queue, no questions asked."""
     spec = get_job(job)
     envelope = Envelope(job=spec.name, account=account, ref=str(ref))
+    group = {"group": ACCOUNT_GROUP.format(account)} if account is not None else {}
     return async_task(
-        RUNNER, envelope.to_message(), cluster=spec.queue, task_name=f"{spec.name}:{ref}"[:100],
+        RUNNER, envelope.to_message(), cluster=spec.queue, task_name=f"{spec.name}:{ref}"[:100], **group,
     )
 
 
@@ -184,6 +188,14 @@ def _chain() -> TaskCall:
     for path in reversed(settings.FAIRSHARE["TASK_MIDDLEWARE"]):
         call = import_string(path)(call)
     return call
+
+
+def redact_failed_result(sender, task: dict, **kwargs) -> None:
+    """django-q2's post_execute_in_worker signal: a failed task's result is its exception text
+    and traceback, which django-q2 stores (Failure) and logs. Redacted before it leaves the worker,
+    whatever raised it (the task middleware already lets no raw text through; this is the net)."""
+    if not task.get("success") and isinstance(task.get("result"), str):
+        task["result"] = redact(task["result"], max_length=LOG_MAX_LENGTH)
 
 
 def execute(message: Any) -> None:
