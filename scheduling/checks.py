@@ -83,3 +83,25 @@ def check_metrics_networks(app_configs=None, **kwargs) -> list[checks.CheckMessa
                          "127.0.0.1/32,10.0.0.0/8; until then /metrics fails for clients without the token.",
                     id="scheduling.E004"))
     return errors
+
+
+def check_logging_redacts(app_configs=None, **kwargs) -> list[checks.CheckMessage]:
+    """Every log handler a logging configuration installed (LOGGING, Django's DEFAULT_LOGGING:
+    dictConfig names them) redacts (SPEC §5: no credential in a log line). Unnamed handlers are
+    a program's own, attached at run time (a test runner's capture, for one)."""
+    import logging
+
+    from scheduling.redaction import RedactingFilter
+
+    loggers = [logging.getLogger()] + [logging.getLogger(name) for name in list(logging.root.manager.loggerDict)]
+    bare = sorted({
+        f"{logger.name or 'root'}: {handler.name}"
+        for logger in loggers for handler in getattr(logger, "handlers", [])
+        if handler.name and not isinstance(handler, logging.NullHandler)
+        and not any(isinstance(f, RedactingFilter) for f in handler.filters)
+    })
+    if not bare:
+        return []
+    return [checks.Error(
+        f"Log handlers without redaction: {', '.join(bare)}.",
+        hint='Add "filters": ["redact"] to the handler in LOGGING (config/settings.py).', id="scheduling.E006")]

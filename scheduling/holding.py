@@ -8,6 +8,7 @@ stays, marked with the worker and a lease, until that run is admitted (`claim_co
 whose lease expired (its worker died) is eligible again: the next release or claim takes it.
 """
 import datetime as dt
+import logging
 
 from django.db import transaction
 from django.db.models import F, Q
@@ -15,7 +16,9 @@ from django.db.models import F, Q
 from scheduling import clock
 from scheduling.envelope import Envelope
 from scheduling.models import DeferredTask
-from scheduling.runtime import enqueue_gates, send_on_commit
+from scheduling.runtime import close_old_connections, enqueue_gates, send_on_commit
+
+logger = logging.getLogger("fairshare.tasks")
 
 
 def hold(*, envelope: Envelope, queue: str, reason: str, eligible_at: dt.datetime) -> None:
@@ -70,6 +73,22 @@ def claim_oldest(*, account_id: int, queue: str, worker: str, lease_s: float) ->
     task.claimed_by, task.claim_expires_at = worker, now + dt.timedelta(seconds=lease_s)
     DeferredTask.objects.filter(pk=task.pk).update(claimed_by=task.claimed_by, claim_expires_at=task.claim_expires_at)
     return task
+
+
+def claim_next(*, queue: str, worker: str) -> Envelope | None:
+    """Pull: a free worker asks the enqueue gates for held work of its queue (`next_for`), claimed
+    for it in the gate's fair order; None when there is none (or the database is away)."""
+    try:
+        for gate in enqueue_gates():
+            next_for = getattr(gate, "next_for", None)
+            claimed = next_for(queue=queue, worker=worker) if next_for is not None else None
+            if claimed is not None:
+                return claimed
+    except Exception as exc:  # e.g. the database went away: the message's own work is done; stop
+        # here (raising would make django-q2 count the message as failed and deliver it again).
+        logger.warning("pulling held work failed", extra={"error_class": type(exc).__name__})
+        close_old_connections()
+    return None
 
 
 def claim_held(*, job: str, ref: str, worker: str) -> bool:

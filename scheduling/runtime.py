@@ -5,7 +5,6 @@ chain (settings.FAIRSHARE["TASK_MIDDLEWARE"], outermost first) around the job's 
 Account work passes the enqueue gates (settings.FAIRSHARE["ENQUEUE_GATES"]) before it is sent.
 """
 import functools
-import logging
 import math
 import time
 from collections.abc import Callable, Iterable
@@ -21,10 +20,12 @@ from scheduling.envelope import Envelope
 from scheduling.faults import fault_point
 from scheduling.metering import Meter
 from scheduling.models import TaskRun
+from scheduling.redaction import LOG_MAX_LENGTH, redact
 from scheduling.registry import Job, get_job
 
 RUNNER = "scheduling.runtime.execute"
-logger = logging.getLogger("fairshare.tasks")
+# django-q2's group of an account's task: its task rows are scoped by it in the admin.
+ACCOUNT_GROUP = "account-{}"
 T = TypeVar("T")
 
 
@@ -71,8 +72,9 @@ def send(*, job: str, account: int | None, ref: str) -> str:
     """Ring the doorbell: put the envelope in the job's queue, no questions asked."""
     spec = get_job(job)
     envelope = Envelope(job=spec.name, account=account, ref=str(ref))
+    group = {"group": ACCOUNT_GROUP.format(account)} if account is not None else {}
     return async_task(
-        RUNNER, envelope.to_message(), cluster=spec.queue, task_name=f"{spec.name}:{ref}"[:100],
+        RUNNER, envelope.to_message(), cluster=spec.queue, task_name=f"{spec.name}:{ref}"[:100], **group,
     )
 
 
@@ -243,6 +245,14 @@ def _chain() -> TaskCall:
     return call
 
 
+def redact_failed_result(sender, task: dict, **kwargs) -> None:
+    """django-q2's post_execute_in_worker signal: a failed task's result is its exception text
+    and traceback, which django-q2 stores (Failure) and logs. Redacted before it leaves the worker,
+    whatever raised it (the task middleware already lets no raw text through; this is the net)."""
+    if not task.get("success") and isinstance(task.get("result"), str):
+        task["result"] = redact(task["result"], max_length=LOG_MAX_LENGTH)
+
+
 def execute(message: Any) -> None:
     """The django-q2 task function: takes the envelope as its only argument.
 
@@ -251,9 +261,10 @@ def execute(message: Any) -> None:
     into the slot just freed), else one it pulls from the gates (another account's, in fair
     order, into a free slot). Bounded in time (`_handoff_window_s`, well under the queue's
     `timeout` and `retry`: django-q2 acknowledges the message, and its timeout watches the
-    process, only once this returns) and in count (FAIRSHARE["HANDOFF_MAX_RUNS"]). A claim this worker does not get to
-    run (it died) expires and the job is released again.
+    process, only once this returns) and in count (FAIRSHARE["HANDOFF_MAX_RUNS"]). A claim this
+    worker does not get to run (it died) expires and the job is released again.
     """
+    from scheduling.holding import claim_next
     from scheduling.services import worker_id
 
     options = settings.FAIRSHARE
@@ -266,7 +277,7 @@ def execute(message: Any) -> None:
     _chain()(ctx)
     while True:
         queue = ctx.job.queue if ctx.job is not None else None
-        claimed = ctx.handoff or (_pull(queue=queue, worker=worker_id()) if queue and room() else None)
+        claimed = ctx.handoff or (claim_next(queue=queue, worker=worker_id()) if queue and room() else None)
         if claimed is None:
             return
         fault_point("before_handoff")
@@ -282,17 +293,3 @@ def _handoff_window_s() -> float:
 
     window = settings.FAIRSHARE["HANDOFF_WINDOW_S"]
     return min(window, Conf.TIMEOUT / 10) if Conf.TIMEOUT else window
-
-
-def _pull(*, queue: str, worker: str) -> Envelope | None:
-    try:
-        for gate in enqueue_gates():
-            next_for = getattr(gate, "next_for", None)
-            claimed = next_for(queue=queue, worker=worker) if next_for is not None else None
-            if claimed is not None:
-                return claimed
-    except Exception as exc:  # e.g. the database went away: this message's work is done; stop here
-        # (raising would make django-q2 count the message as failed and deliver it again).
-        logger.warning("pulling held work failed", extra={"error_class": type(exc).__name__})
-        close_old_connections()
-    return None
