@@ -6,7 +6,7 @@ from django.db import migrations, models
 class Migration(migrations.Migration):
 
     dependencies = [
-        ('scheduling', '0005_deferreason_budget_reserved'),
+        ('scheduling', '0006_alter_deferredtask_reason_pause'),
     ]
 
     operations = [
