@@ -46,6 +46,7 @@ class Settled:
     """What a settlement returns (budgets.services.settle)."""
 
     handoff: Envelope | None = None  # the held job claimed for the settling worker
+    waiting: bool = True  # held work on the queue may wait for a worker (False: a pull finds none)
 
 
 def release(*, account_id: int, queue: str, state: Standing, limit: int, day: dt.date) -> int:

@@ -113,12 +113,13 @@ class BudgetMiddleware:
         queue = ctx.job.queue
         admission = services.admit(
             envelope=ctx.envelope, queue=queue, estimate_ms=ctx.job.cpu_estimate_ms,
-            task_run_id=ctx.run.pk if ctx.run else None, worker=worker_id(), claim=ctx.claim,
+            run=ctx.run, worker=worker_id(), claim=ctx.claim,
         )
         if not admission.admitted:
             # No reason: a claimed job whose claim expired meanwhile; it was released elsewhere.
             ctx.outcome = Outcome.DEFERRED if admission.reason else Outcome.SKIPPED
             return
+        ctx.paused = admission.paused  # read with the account's state: spares the pause check a query
         ctx.budget = budget = RunBudget(admission.allowance_ms)
         in_main_thread = threading.current_thread() is threading.main_thread()
         cap_hit = False
@@ -146,4 +147,5 @@ class BudgetMiddleware:
                 meter=ctx.meter, cap_hit=cap_hit, envelope=ctx.envelope, handoff_to=handoff_to,
             ))
             ctx.handoff = settled.handoff if settled else None
+            ctx.may_pull = settled.waiting if settled else True
             fault_point("after_settle")

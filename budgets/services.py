@@ -11,13 +11,13 @@ from django.db import transaction
 from django.db.models import F
 from django.utils import timezone
 
-from budgets import clock, handoff, standing
+from budgets import clock, handoff, ledger, standing
 from budgets.models import Account, Budget, Reservation, ReservationStatus, UsageDay
 from budgets.standing import Standing
 from scheduling.envelope import Envelope
 from scheduling.holding import claim_complete, claim_held, eligible, hold
 from scheduling.metering import Meter
-from scheduling.models import DeferReason, DeferredTask
+from scheduling.models import DeferReason, DeferredTask, TaskRun
 from scheduling.selectors import finished_run_cpu_ms
 from scheduling.services import task_run_mark_finished, task_run_mark_lost, task_run_mark_started
 
@@ -39,6 +39,7 @@ class Admission:
     reason: str | None = None  # a DeferReason when refused
     eligible_at: dt.datetime | None = None
     allowance_ms: int = 0  # the CPU reserved for this run: it stops there unless it can reserve more
+    paused: bool = False  # a pause covered the job when it was admitted (scheduling.pausing)
 
     @property
     def admitted(self) -> bool:
@@ -66,7 +67,8 @@ def _hold(
 
 
 def admit(
-    *, envelope: Envelope, queue: str, estimate_ms: int, task_run_id: int | None, worker: str, claim: str | None = None,
+    *, envelope: Envelope, queue: str, estimate_ms: int, task_run_id: int | None = None, worker: str,
+    claim: str | None = None, run: TaskRun | None = None,
 ) -> Admission:
     """At the start of a run: take a slot and reserve CPU, or put the job on hold.
 
@@ -74,6 +76,8 @@ def admit(
     `claim`, this worker: budgets.handoff) takes over the slot its dispatch holds; anything else
     (a duplicate delivery, an operator's release) needs a free one. A claimed job whose claim was
     lost (it expired and the job was released again) is not admitted: reason None, nothing held.
+    An admitted run's record (`run`, not saved yet, or the saved `task_run_id`) is started in the
+    same transaction as its slot.
     """
     account_id = envelope.account
     with transaction.atomic():
@@ -100,26 +104,18 @@ def admit(
             _hold(envelope=envelope, queue=queue, state=state, day=day, reason=reason, eligible_at=eligible_at)
             return Admission(None, reason, eligible_at)
         reserve_ms = min(max(estimate_ms, settings.FAIRSHARE["RESERVATION_STEP_MS"]), state.unreserved_ms)
-        usage_id = standing.usage_id(state, account_id=account_id, queue=queue, day=day)
-        UsageDay.objects.filter(pk=usage_id).update(cpu_reserved_ms=F("cpu_reserved_ms") + reserve_ms)
-        slot = {
-            "status": ReservationStatus.ACTIVE, "day": day, "task_run_id": task_run_id, "worker": worker,
-            "cpu_reserved_ms": reserve_ms,
-            "lease_expires_at": standing.run_lease_expiry(),
-        }
-        if own is not None:
-            Reservation.objects.filter(pk=own).update(**slot)
-        else:
-            own = Reservation.objects.create(account_id=account_id, queue=queue, job=envelope.job, ref=envelope.ref,
-                                             **slot).pk
+        # An admitted run is recorded from the moment it holds its slot (taken under the budget
+        # lock, so after the settlement that freed the slot committed): the recorded runs of an
+        # account never overlap more than its concurrency cap allows.
+        if run is not None:
+            task_run_id = task_run_mark_started(run=run)
+        elif task_run_id is not None:
+            task_run_mark_started(run=TaskRun(pk=task_run_id))
+        own = ledger.take_slot(envelope=envelope, queue=queue, state=state, day=day, own=own, reserve_ms=reserve_ms,
+                         task_run_id=task_run_id, worker=worker)
         if claim is not None:
             claim_complete(job=envelope.job, ref=envelope.ref, worker=claim)
-        if task_run_id is not None:
-            # An admitted run is recorded from the moment it holds its slot (taken under the budget
-            # lock, so after the settlement that freed the slot committed): the recorded runs of an
-            # account never overlap more than its concurrency cap allows.
-            task_run_mark_started(run_id=task_run_id)
-    return Admission(own, allowance_ms=reserve_ms)
+    return Admission(own, allowance_ms=reserve_ms, paused=state.paused)
 
 
 def admit_at_enqueue(*, envelope: Envelope, queue: str) -> bool:
@@ -202,39 +198,32 @@ def settle(
         now = clock.now()
         day = clock.budget_day(now)
         _lock(account_id=account_id, queue=queue)
-        reservation = Reservation.objects.filter(pk=reservation_id).first()
-        if reservation is None:
+        charged = ledger.charge(reservation_id=reservation_id, account_id=account_id, queue=queue, meter=meter,
+                                cap_hit=cap_hit, now=now)
+        if charged is None:
             return None
-        was_active = reservation.status == ReservationStatus.ACTIVE
-        if reservation.task_run_id:
+        if charged.task_run_id:
             # ...and until it gives the slot back: before this transaction commits, so before
             # any run that takes the slot next is recorded as started.
-            task_run_mark_finished(run_id=reservation.task_run_id, meter=meter)
-        UsageDay.objects.filter(account_id=account_id, queue=queue, day=reservation.day).update(
-            # A reclaimed run was already charged what it had reported; charge the rest.
-            cpu_used_ms=F("cpu_used_ms") + max(0, meter.cpu_ms - reservation.cpu_charged_ms),
-            cpu_reserved_ms=F("cpu_reserved_ms") - (reservation.cpu_reserved_ms if was_active else 0),
-            wall_ms=F("wall_ms") + meter.wall_ms,
-            db_wait_ms=F("db_wait_ms") + round(meter.db_wait_ms),
-            storage_wait_ms=F("storage_wait_ms") + round(meter.storage_wait_ms),
-            runs=F("runs") + (1 if was_active else 0),
-            cap_hits=F("cap_hits") + (1 if cap_hit else 0),
-        )
-        reservation.delete()
-        state = standing.read(account_id=account_id, queue=queue, day=day)
+            task_run_mark_finished(run_id=charged.task_run_id, meter=meter)
+        claimed = None
         if cap_hit and envelope is not None:
+            state = standing.read(account_id=account_id, queue=queue, day=day)
             if state.unreserved_ms > 0:  # its account's other runs left some: it may go on with that
                 reason, eligible_at = DeferReason.BUDGET_RESERVED, now
             else:
                 reason, eligible_at = standing.out_of_budget(state, now)
             hold(envelope=envelope, queue=queue, reason=reason, eligible_at=eligible_at)
             state = replace(state, held=True)
-        claimed = None
-        if was_active and handoff_to is not None:
+        elif charged.was_active and charged.held:
+            state = standing.read(account_id=account_id, queue=queue, day=day)
+        else:
+            state = None  # nothing held for this account: no slot to pass on, no state to read
+        if charged.was_active and state is not None and handoff_to is not None:
             claimed = handoff.hand_off(account_id=account_id, queue=queue, state=state, day=day, worker=handoff_to)
-        if was_active and claimed is None:
+        if charged.was_active and state is not None and claimed is None:
             handoff.release(account_id=account_id, queue=queue, state=state, limit=1, day=day)
-    return handoff.Settled(handoff=claimed)
+    return handoff.Settled(handoff=claimed, waiting=charged.waiting or claimed is not None)
 
 
 def reclaim_expired() -> int:

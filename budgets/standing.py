@@ -23,6 +23,7 @@ from budgets import clock
 from budgets.models import Budget, Reservation, ReservationStatus, UsageDay
 from scheduling.envelope import Envelope
 from scheduling.models import DeferReason, DeferredTask
+from scheduling.pausing import COVERED_SQL
 
 IN_FLIGHT = (ReservationStatus.DISPATCHED, ReservationStatus.ACTIVE)
 
@@ -40,6 +41,7 @@ class Standing:
     active: int  # running
     held: bool  # anything in the holding area on this queue
     own_slot: int | None = None  # the job's own dispatched Reservation, when asked for a job
+    paused: bool = False  # a pause covers the account's work on this queue (scheduling.pausing)
 
     @property
     def unreserved_ms(self) -> int:
@@ -60,12 +62,14 @@ SELECT b.cpu_seconds_per_day, b.max_concurrent, u.id, COALESCE(u.cpu_used_ms, 0)
          WHERE r.account_id = b.account_id AND r.queue = b.queue AND r.status = %s),
        EXISTS (SELECT 1 FROM {deferred} d WHERE d.account_id = b.account_id AND d.queue = b.queue),
        (SELECT MIN(r.id) FROM {reservation} r
-         WHERE r.account_id = b.account_id AND r.queue = b.queue AND r.status = %s AND r.job = %s AND r.ref = %s)
+         WHERE r.account_id = b.account_id AND r.queue = b.queue AND r.status = %s AND r.job = %s AND r.ref = %s),
+       {paused}
   FROM {budget} b
   LEFT JOIN {usage} u ON u.account_id = b.account_id AND u.queue = b.queue AND u.day = %s
  WHERE b.account_id = %s AND b.queue = %s
 """.format(reservation=Reservation._meta.db_table, deferred=DeferredTask._meta.db_table,
-           budget=Budget._meta.db_table, usage=UsageDay._meta.db_table)
+           budget=Budget._meta.db_table, usage=UsageDay._meta.db_table,
+           paused=COVERED_SQL.format(account="b.account_id", queue="b.queue"))
 
 
 def read(*, account_id: int, queue: str, day: dt.date, envelope: Envelope | None = None) -> Standing | None:
@@ -84,10 +88,10 @@ def read(*, account_id: int, queue: str, day: dt.date, envelope: Envelope | None
         row = cursor.fetchone()
     if row is None:
         return None
-    cpu_seconds, max_concurrent, usage_id, used, reserved, in_flight, active, held, own_slot = row
+    cpu_seconds, max_concurrent, usage_id, used, reserved, in_flight, active, held, own_slot, paused = row
     return Standing(cpu_limit_ms=cpu_seconds * 1000, max_concurrent=max_concurrent, usage_id=usage_id,
                     cpu_used_ms=used, cpu_reserved_ms=reserved, in_flight=in_flight, active=active,
-                    held=bool(held), own_slot=own_slot if envelope is not None else None)
+                    held=bool(held), own_slot=own_slot if envelope is not None else None, paused=bool(paused))
 
 
 _LOCK_SQL = f"SELECT 1 FROM {Budget._meta.db_table} WHERE account_id = %s AND queue = %s"

@@ -49,9 +49,10 @@ class RunRecordingMiddleware:
     def __call__(self, ctx) -> None:
         # A worker process lives across many tasks; don't start on a connection that died.
         close_old_connections()
-        ctx.run = services.task_run_start(
-            job=ctx.job.name, queue=ctx.job.queue, account_id=ctx.envelope.account, ref=ctx.envelope.ref,
-        )
+        # An account's run is inserted by its admission, with its slot and in the same transaction
+        # (services.task_run_mark_started), or, if it is not admitted, when it ends (`_finish`).
+        start = services.task_run_new if ctx.job.account_scoped else services.task_run_start
+        ctx.run = start(job=ctx.job.name, queue=ctx.job.queue, account_id=ctx.envelope.account, ref=ctx.envelope.ref)
         error: BaseException | None = None
         try:
             with ctx.meter.measure():

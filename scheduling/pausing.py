@@ -24,6 +24,12 @@ def _covering(*, account_id: int, queue: str):
     return Pause.objects.filter(Q(account_id=account_id, queue__in=["", queue]) | Q(account__isnull=True, queue=queue))
 
 
+# The same condition as `_covering`, for a hand-written statement that already reads the account's
+# state at a run's start (budgets.standing): its columns `account` and `queue` are filled in.
+COVERED_SQL = (f"EXISTS (SELECT 1 FROM {Pause._meta.db_table} p WHERE (p.account_id = {{account}} AND "
+               "p.queue IN ('', {queue})) OR (p.account_id IS NULL AND p.queue = {queue}))")
+
+
 def hold_if_paused(*, envelope: Envelope, queue: str) -> bool:
     """Hold the job with reason "paused" when a pause covers it; True when it did."""
     covering = _covering(account_id=envelope.account, queue=queue)
@@ -67,7 +73,8 @@ class PauseMiddleware:
         self.call_next = call_next
 
     def __call__(self, ctx) -> None:
-        if ctx.job.account_scoped and hold_if_paused(envelope=ctx.envelope, queue=ctx.job.queue):
+        if ctx.job.account_scoped and ctx.paused is not False and hold_if_paused(
+                envelope=ctx.envelope, queue=ctx.job.queue):
             ctx.outcome = Outcome.DEFERRED
             return
         self.call_next(ctx)

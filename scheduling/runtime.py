@@ -63,6 +63,10 @@ class TaskContext:
     claim: str | None = None
     handoff: Envelope | None = None
     accepts_handoff: Callable[[], bool] = lambda: False
+    # Hints that spare a query: `may_pull` False when a middleware saw no held work of the queue
+    # waiting; `paused` False when one saw at the run's start that no pause covers the job.
+    may_pull: bool = True
+    paused: bool | None = None
 
 
 TaskCall = Callable[[TaskContext], None]
@@ -277,7 +281,7 @@ def execute(message: Any) -> None:
     _chain()(ctx)
     while True:
         queue = ctx.job.queue if ctx.job is not None else None
-        claimed = ctx.handoff or (claim_next(queue=queue, worker=worker_id()) if queue and room() else None)
+        claimed = ctx.handoff or (claim_next(queue=queue, worker=worker_id()) if queue and ctx.may_pull and room() else None)
         if claimed is None:
             return
         fault_point("before_handoff")

@@ -20,17 +20,28 @@ def worker_id() -> str:
     return f"{socket.gethostname()}:{os.getpid()}"
 
 
+def task_run_new(*, job: str, queue: str, account_id: int | None, ref: str) -> TaskRun:
+    """A run's record, not saved yet: `task_run_mark_started` inserts it (in the transaction of the
+    middleware that admits the run), else `task_run_finish` does, with how it ended."""
+    return TaskRun(job=job, queue=queue, account_id=account_id, ref=ref, worker=worker_id(), started_at=timezone.now())
+
+
 def task_run_start(*, job: str, queue: str, account_id: int | None, ref: str) -> TaskRun:
-    return TaskRun.objects.create(
-        job=job, queue=queue, account_id=account_id, ref=ref, worker=worker_id(),
-        started_at=timezone.now(),
-    )
+    run = task_run_new(job=job, queue=queue, account_id=account_id, ref=ref)
+    run.save(force_insert=True)
+    return run
 
 
 def task_run_finish(
     *, run: TaskRun, outcome: str, meter: Meter, items: int, error: BaseException | None = None,
 ) -> None:
     error_class, error_message = describe_error(error) if error is not None else ("", "")
+    if run.pk is None:  # never started (not admitted): recorded now, in one statement
+        for name, value in {"outcome": outcome, "finished_at": timezone.now(), "items": items,
+                            "error_class": error_class, "error_message": error_message, **_figures(meter)}.items():
+            setattr(run, name, value)
+        run.save(force_insert=True)
+        return
     TaskRun.objects.filter(pk=run.pk).update(
         # Settlement already recorded when an admitted run gave its slot back; keep that.
         outcome=outcome, finished_at=Coalesce("finished_at", Now()), items=items,
@@ -66,9 +77,15 @@ def _account_exists(account_id: int) -> bool:
 # Transitions a middleware may need while a run holds or gives back a slot. Each is one UPDATE and
 # joins the caller's transaction, so it commits (or not) with the caller's own bookkeeping.
 
-def task_run_mark_started(*, run_id: int) -> None:
-    """The run really starts now (it waited for a slot): its recorded time begins here."""
-    TaskRun.objects.filter(pk=run_id).update(started_at=timezone.now())
+def task_run_mark_started(*, run: TaskRun) -> int:
+    """The run really starts now (it waited for a slot): its recorded time begins here. A run not
+    saved yet (`task_run_new`) is inserted now, in one statement. Returns its id."""
+    run.started_at = timezone.now()
+    if run.pk is None:
+        run.save(force_insert=True)
+    else:
+        TaskRun.objects.filter(pk=run.pk).update(started_at=run.started_at)
+    return run.pk
 
 
 def task_run_mark_finished(*, run_id: int, meter: Meter) -> None:
