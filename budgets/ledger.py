@@ -23,17 +23,31 @@ DELETE FROM {Reservation._meta.db_table} WHERE id = %s
 RETURNING task_run_id, day, status, cpu_reserved_ms, cpu_charged_ms
 """
 
+# The deleted reservation's figures come from `r`: the DELETE's own result (a WITH on PostgreSQL)
+# or its values (elsewhere). A reclaimed run was already charged what it had reported (its
+# cpu_charged_ms): charge the rest. Only a run that was admitted (ACTIVE) reserved CPU and counts.
+_CHARGE_SQL = """
+UPDATE {usage} AS u
+   SET cpu_used_ms = u.cpu_used_ms + CASE WHEN %s > r.cpu_charged_ms THEN %s - r.cpu_charged_ms ELSE 0 END,
+       cpu_reserved_ms = u.cpu_reserved_ms - CASE WHEN r.status = %s THEN r.cpu_reserved_ms ELSE 0 END,
+       runs = u.runs + CASE WHEN r.status = %s THEN 1 ELSE 0 END,
+       wall_ms = u.wall_ms + %s, db_wait_ms = u.db_wait_ms + %s, storage_wait_ms = u.storage_wait_ms + %s,
+       cap_hits = u.cap_hits + %s
+  FROM {{r}} WHERE u.account_id = %s AND u.queue = %s AND u.day = r.day
+""".format(usage=UsageDay._meta.db_table)
+_R_VALUES = "(SELECT %s AS day, %s AS status, %s AS cpu_reserved_ms, %s AS cpu_charged_ms) AS r"
+
 # `held`: anything in the holding area for this account and queue (what release and hand-off
 # act on); `waiting`: any eligible, unclaimed held job on the queue (what a pull could claim).
-_CHARGE_SQL = """
-UPDATE {usage} SET cpu_used_ms = cpu_used_ms + %s, cpu_reserved_ms = cpu_reserved_ms - %s,
-       wall_ms = wall_ms + %s, db_wait_ms = db_wait_ms + %s, storage_wait_ms = storage_wait_ms + %s,
-       runs = runs + %s, cap_hits = cap_hits + %s
- WHERE account_id = %s AND queue = %s AND day = %s
-RETURNING EXISTS (SELECT 1 FROM {deferred} d WHERE d.account_id = %s AND d.queue = %s),
-          EXISTS (SELECT 1 FROM {deferred} d WHERE d.queue = %s AND d.eligible_at <= %s
-                   AND (d.claim_expires_at IS NULL OR d.claim_expires_at < %s))
-""".format(usage=UsageDay._meta.db_table, deferred=DeferredTask._meta.db_table)
+_FLAGS_SQL = """
+EXISTS (SELECT 1 FROM {deferred} d WHERE d.account_id = %s AND d.queue = %s),
+EXISTS (SELECT 1 FROM {deferred} d WHERE d.queue = %s AND d.eligible_at <= %s
+         AND (d.claim_expires_at IS NULL OR d.claim_expires_at < %s))
+""".format(deferred=DeferredTask._meta.db_table)
+# PostgreSQL: the whole settlement's ledger in one statement (the WITH parts see one snapshot,
+# taken after the caller's lock was granted; the UPDATE reads the deleted row through `r`).
+_SETTLE_SQL = (f"WITH r AS ({_DELETE_SQL}), c AS ({_CHARGE_SQL.format(r='r')} RETURNING 1) "
+               f"SELECT r.task_run_id, r.status, {_FLAGS_SQL} FROM r")
 
 
 _RESERVE_SQL = f"UPDATE {UsageDay._meta.db_table} SET cpu_reserved_ms = cpu_reserved_ms + %s WHERE id = %s"
@@ -82,8 +96,8 @@ class Charged:
 
     task_run_id: int | None
     was_active: bool  # it ran (admitted); else it was only dispatched or claimed
-    held: bool = True  # (unknown, when no usage row was there to charge: assume there is)
-    waiting: bool = True
+    held: bool  # work is held for the account on this queue
+    waiting: bool  # held work of the queue waits for a worker
 
 
 def charge(*, reservation_id: int, account_id: int, queue: str, meter: Meter, cap_hit: bool,
@@ -91,20 +105,25 @@ def charge(*, reservation_id: int, account_id: int, queue: str, meter: Meter, ca
     """Delete the reservation and charge the run's figures to its day; None when it was settled
     already (exactly once: the second settlement finds no reservation)."""
     now = connection.ops.adapt_datetimefield_value(now)
+    cpu, active = meter.cpu_ms, ReservationStatus.ACTIVE
+    set_params = [cpu, cpu, active, active, meter.wall_ms, round(meter.db_wait_ms), round(meter.storage_wait_ms),
+                  1 if cap_hit else 0]
+    where_params, flag_params = [account_id, queue], [account_id, queue, queue, now, now]
     with connection.cursor() as cursor:
-        cursor.execute(_DELETE_SQL, [reservation_id])
-        row = cursor.fetchone()
-        if row is None:
-            return None
-        task_run_id, day, status, reserved_ms, charged_ms = row
-        was_active = status == ReservationStatus.ACTIVE
-        cursor.execute(_CHARGE_SQL, [
-            # A reclaimed run was already charged what it had reported; charge the rest.
-            max(0, meter.cpu_ms - charged_ms), reserved_ms if was_active else 0, meter.wall_ms,
-            round(meter.db_wait_ms), round(meter.storage_wait_ms), 1 if was_active else 0, 1 if cap_hit else 0,
-            account_id, queue, day, account_id, queue, queue, now, now,
-        ])
-        flags = cursor.fetchone()
-    if flags is None:
-        return Charged(task_run_id, was_active)
-    return Charged(task_run_id, was_active, held=bool(flags[0]), waiting=bool(flags[1]))
+        if connection.vendor == "postgresql":
+            cursor.execute(_SETTLE_SQL, [reservation_id, *set_params, *where_params, *flag_params])
+            row = cursor.fetchone()
+            if row is None:
+                return None
+            task_run_id, status, held, waiting = row
+        else:
+            cursor.execute(_DELETE_SQL, [reservation_id])
+            row = cursor.fetchone()
+            if row is None:
+                return None
+            task_run_id, day, status, reserved_ms, charged_ms = row
+            cursor.execute(_CHARGE_SQL.format(r=_R_VALUES),
+                           [*set_params, day, status, reserved_ms, charged_ms, *where_params])
+            cursor.execute(f"SELECT {_FLAGS_SQL}", flag_params)
+            held, waiting = cursor.fetchone()
+    return Charged(task_run_id, status == active, held=bool(held), waiting=bool(waiting))
