@@ -1,15 +1,20 @@
-"""The statements a run's admission and settlement send, hand-written so that each task pays as few round trips
-as possible (bench/budget_overhead.py counts them): the reservation is deleted and returned in
-one statement, the account's usage for its day is charged in one more, which also tells what the
-settlement needs to know next (is work held for this account; is any held work on the queue
-waiting for a worker at all) without a further query. For PostgreSQL and SQLite alike (both have
-DELETE/UPDATE ... RETURNING). Called under the account's Budget row lock (budgets.standing).
+"""The ledger statements of a run's admission and settlement, hand-written so that each task pays
+as few round trips as possible (bench/budget_overhead.py counts them). Called under the account's
+Budget row lock (budgets.standing), inside the caller's transaction.
+
+- Admission (`take_slot`): the CPU reserved on the day and the slot made ACTIVE.
+- Settlement (`charge`): the reservation deleted (exactly once: RETURNING says whether it was
+  there), its run's figures charged to its day, and what the settlement needs to know next (is
+  work held for this account; does any held work of the queue wait for a worker) read with it.
+
+Each is one statement on PostgreSQL (a data-modifying WITH); SQLite runs the same parts one by
+one (it has DELETE/UPDATE ... RETURNING and UPDATE ... FROM, but no WITH around them).
 """
 import datetime as dt
 from dataclasses import dataclass
 
 from django.db import connection
-from django.db.models import F
+from django.utils import timezone
 
 from budgets import standing
 from budgets.models import Reservation, ReservationStatus, UsageDay
@@ -53,24 +58,11 @@ _SETTLE_SQL = (f"WITH r AS ({_DELETE_SQL}), c AS ({_CHARGE_SQL.format(r='r')} RE
 _RESERVE_SQL = f"UPDATE {UsageDay._meta.db_table} SET cpu_reserved_ms = cpu_reserved_ms + %s WHERE id = %s"
 _SLOT_COLUMNS = ("status", "day", "task_run_id", "worker", "cpu_reserved_ms", "lease_expires_at")
 _SLOT_SQL = (f"UPDATE {Reservation._meta.db_table} SET " + ", ".join(f"{c} = %s" for c in _SLOT_COLUMNS)
-             + " WHERE id = %s")
-
-
-def reserve(*, usage_id: int, reserve_ms: int, reservation_id: int, slot: dict) -> None:
-    """Add `reserve_ms` to the day's reserved CPU and write `slot` (the columns of `_SLOT_COLUMNS`)
-    to the reservation: two rows of two tables, independent of each other, so on PostgreSQL one
-    statement (a data-modifying WITH: both see the same snapshot, which is all either needs)."""
-    usage_params = [reserve_ms, usage_id]
-    ops = connection.ops
-    slot = {**slot, "day": ops.adapt_datefield_value(slot["day"]),
-            "lease_expires_at": ops.adapt_datetimefield_value(slot["lease_expires_at"])}
-    slot_params = [slot[c] for c in _SLOT_COLUMNS] + [reservation_id]
-    with connection.cursor() as cursor:
-        if connection.vendor == "postgresql":
-            cursor.execute(f"WITH u AS ({_RESERVE_SQL} RETURNING 1) {_SLOT_SQL}", usage_params + slot_params)
-        else:
-            cursor.execute(_RESERVE_SQL, usage_params)
-            cursor.execute(_SLOT_SQL, slot_params)
+             + " WHERE id = %s RETURNING id")
+_NEW_SLOT_COLUMNS = (*_SLOT_COLUMNS, "account_id", "queue", "job", "ref", "cpu_reported_ms", "cpu_charged_ms",
+                     "created_at")
+_NEW_SLOT_SQL = (f"INSERT INTO {Reservation._meta.db_table} ({', '.join(_NEW_SLOT_COLUMNS)}) "
+                 f"VALUES ({', '.join(['%s'] * len(_NEW_SLOT_COLUMNS))}) RETURNING id")
 
 
 def take_slot(
@@ -78,16 +70,27 @@ def take_slot(
     task_run_id: int | None, worker: str,
 ) -> int:
     """Reserve the run's CPU on its day and make its slot (its own dispatched one, or a new one)
-    ACTIVE; returns the slot's id."""
+    ACTIVE; returns the slot's id. Two rows of two tables, independent of each other: on
+    PostgreSQL one statement (a data-modifying WITH: both parts see one snapshot, all either needs)."""
     usage_id = standing.usage_id(state, account_id=envelope.account, queue=queue, day=day)
-    slot = {"status": ReservationStatus.ACTIVE, "day": day, "task_run_id": task_run_id, "worker": worker,
-            "cpu_reserved_ms": reserve_ms, "lease_expires_at": standing.run_lease_expiry()}
+    ops = connection.ops
+    slot = {"status": ReservationStatus.ACTIVE, "day": ops.adapt_datefield_value(day), "task_run_id": task_run_id,
+            "worker": worker, "cpu_reserved_ms": reserve_ms,
+            "lease_expires_at": ops.adapt_datetimefield_value(standing.run_lease_expiry())}
     if own is not None:
-        reserve(usage_id=usage_id, reserve_ms=reserve_ms, reservation_id=own, slot=slot)
-        return own
-    UsageDay.objects.filter(pk=usage_id).update(cpu_reserved_ms=F("cpu_reserved_ms") + reserve_ms)
-    return Reservation.objects.create(account_id=envelope.account, queue=queue, job=envelope.job, ref=envelope.ref,
-                                      **slot).pk
+        slot_sql, slot_params = _SLOT_SQL, [slot[c] for c in _SLOT_COLUMNS] + [own]
+    else:
+        slot.update(account_id=envelope.account, queue=queue, job=envelope.job, ref=envelope.ref, cpu_reported_ms=0,
+                    cpu_charged_ms=0, created_at=ops.adapt_datetimefield_value(timezone.now()))
+        slot_sql, slot_params = _NEW_SLOT_SQL, [slot[c] for c in _NEW_SLOT_COLUMNS]
+    usage_params = [reserve_ms, usage_id]
+    with connection.cursor() as cursor:
+        if connection.vendor == "postgresql":
+            cursor.execute(f"WITH u AS ({_RESERVE_SQL} RETURNING 1) {slot_sql}", usage_params + slot_params)
+        else:
+            cursor.execute(_RESERVE_SQL, usage_params)
+            cursor.execute(slot_sql, slot_params)
+        return cursor.fetchone()[0]
 
 
 @dataclass(frozen=True)
