@@ -36,17 +36,17 @@ def task_run_finish(
     *, run: TaskRun, outcome: str, meter: Meter, items: int, error: BaseException | None = None,
 ) -> None:
     error_class, error_message = describe_error(error) if error is not None else ("", "")
-    if run.pk is None:  # never started (not admitted): recorded now, in one statement
-        for name, value in {"outcome": outcome, "finished_at": timezone.now(), "items": items,
-                            "error_class": error_class, "error_message": error_message, **_figures(meter)}.items():
-            setattr(run, name, value)
-        run.save(force_insert=True)
+    figures = {"items": items, "error_class": error_class, "error_message": error_message, **_figures(meter)}
+    # Settlement already recorded when an admitted run gave its slot back; keep that.
+    if run.pk is not None and TaskRun.objects.filter(pk=run.pk).update(
+            outcome=outcome, finished_at=Coalesce("finished_at", Now()), **figures):
         return
-    TaskRun.objects.filter(pk=run.pk).update(
-        # Settlement already recorded when an admitted run gave its slot back; keep that.
-        outcome=outcome, finished_at=Coalesce("finished_at", Now()), items=items,
-        error_class=error_class, error_message=error_message, **_figures(meter),
-    )
+    # Never inserted (an account's run that was not admitted), or its insert was rolled back with
+    # the admission that made it: recorded now, in one statement.
+    run.pk = None
+    for name, value in {"outcome": outcome, "finished_at": timezone.now(), **figures}.items():
+        setattr(run, name, value)
+    run.save(force_insert=True)
 
 
 def _figures(meter: Meter) -> dict[str, int]:
