@@ -52,7 +52,7 @@ class Standing:
         return self.max_concurrent - self.in_flight
 
 
-# One hand-written statement (for PostgreSQL and SQLite alike): it runs two or three times for
+# One hand-written statement (for PostgreSQL and SQLite alike): it runs at the start of
 # every task, and building the same query through the ORM cost more CPU than running it.
 _STATE_SQL = """
 SELECT b.cpu_seconds_per_day, b.max_concurrent, u.id, COALESCE(u.cpu_used_ms, 0), COALESCE(u.cpu_reserved_ms, 0),
