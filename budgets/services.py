@@ -286,7 +286,7 @@ def release_due() -> int:
     released = 0
     now = clock.now()
     day = clock.budget_day(now)
-    pairs = (DeferredTask.objects.filter(eligible_at__lte=now)
+    pairs = (DeferredTask.objects.filter(eligible_at__lte=now, account__isnull=False)  # account work only
              .values_list("account_id", "queue").distinct().order_by())
     for account_id, queue in pairs:
         with transaction.atomic():

@@ -4,7 +4,7 @@ from django.utils.timesince import timeuntil
 from budgets.tenancy import ReadOnlyAdmin
 from scheduling import clock
 from scheduling.holding import release_now
-from scheduling.models import DeferredTask, TaskRun, TaskRunDaily, WorkerHeartbeat
+from scheduling.models import DeferReason, DeferredTask, TaskRun, TaskRunDaily, WorkerHeartbeat
 
 
 @admin.register(TaskRun)
@@ -22,8 +22,9 @@ class TaskRunAdmin(ReadOnlyAdmin):
 class DeferredTaskAdmin(ReadOnlyAdmin):
     """The holding area: why is this waiting, and until when?"""
 
-    list_display = ["job", "ref", "account", "queue", "reason", "eligible_at", "eta", "deferrals", "created_at"]
-    list_filter = ["reason", "queue", "job", "account"]
+    list_display = ["job", "ref", "account", "queue", "reason", "eligible_at", "eta", "deferrals",
+                    "envelope_version", "created_at"]
+    list_filter = ["reason", "queue", "job", "account", "envelope_version"]
     search_fields = ["ref", "job"]
     list_select_related = ["account"]
     actions = ["release"]
@@ -31,6 +32,8 @@ class DeferredTaskAdmin(ReadOnlyAdmin):
     @admin.display(description="ETA")
     def eta(self, obj):
         now = clock.now()  # held work's times are on the kernel's (shiftable) clock
+        if obj.reason == DeferReason.NEEDS_NEWER_WORKER:
+            return f"when a worker that speaks envelope v{obj.envelope_version} runs"
         if obj.eligible_at <= now:
             return "when a slot frees"
         return f"in {timeuntil(obj.eligible_at, now)}"

@@ -10,6 +10,7 @@ from django.core import checks
 
 from budgets.models import Queue
 from scheduling.conf import clusters
+from scheduling.envelope import known_version
 
 
 def check_clusters(app_configs=None, **kwargs) -> list[checks.CheckMessage]:
@@ -83,3 +84,15 @@ def check_metrics_networks(app_configs=None, **kwargs) -> list[checks.CheckMessa
                          "127.0.0.1/32,10.0.0.0/8; until then /metrics fails for clients without the token.",
                     id="scheduling.E004"))
     return errors
+
+
+def check_envelope_version(app_configs=None, **kwargs) -> list[checks.CheckMessage]:
+    """Producers send a version this code can build: 1 up to the newest it speaks."""
+    sent, newest = settings.FAIRSHARE["ENVELOPE_VERSION"], known_version()
+    if not 1 <= sent <= newest:
+        return [checks.Error(
+            f'FAIRSHARE["ENVELOPE_VERSION"] is {sent}: this code speaks envelope versions 1 to {newest}.',
+            hint="Unset FAIRSHARE_ENVELOPE_VERSION (the newest), or pin the version the oldest worker still "
+                 "running speaks during a rolling upgrade (docs/deploy.md).",
+            id="scheduling.E006")]
+    return []

@@ -59,6 +59,9 @@ class DeferReason(models.TextChoices):
     BUDGET_RESERVED = "budget_reserved", "Remaining budget reserved by running jobs"
     RETRY_BACKOFF = "retry_backoff", "Waiting to retry"
     QUEUED_BEHIND = "queued_behind", "Queued behind the account's held work"
+    # Rolling upgrade: the message's envelope version is newer than the worker that got it speaks.
+    # Released only by a worker that speaks it (DeferredTask.envelope_version).
+    NEEDS_NEWER_WORKER = "needs_newer_worker", "Needs a newer worker"
 
 
 class DeferredTask(models.Model):
@@ -67,7 +70,9 @@ class DeferredTask(models.Model):
     A held job is not in the broker. Releasing it deletes the row and rings the doorbell again.
     """
 
-    account = models.ForeignKey("budgets.Account", on_delete=models.CASCADE, related_name="deferred_tasks")
+    # Null only for parked account-less work (a maintenance job's message of a newer version).
+    account = models.ForeignKey("budgets.Account", null=True, blank=True, on_delete=models.CASCADE,
+                                related_name="deferred_tasks")
     queue = models.CharField(max_length=40)
     job = models.CharField(max_length=100)
     ref = models.CharField(max_length=64)
@@ -75,6 +80,11 @@ class DeferredTask(models.Model):
     eligible_at = models.DateTimeField(help_text="Not released before this time")
     created_at = models.DateTimeField(auto_now_add=True)
     deferrals = models.PositiveIntegerField(default=1, help_text="How often this job was held")
+    envelope_version = models.PositiveSmallIntegerField(
+        default=1, help_text="Released only by a worker that speaks this envelope version")
+    message = models.JSONField(
+        null=True, blank=True, editable=False,
+        help_text="A parked message exactly as it arrived (identifiers only), sent back unchanged")
 
     class Meta:
         ordering = ["created_at", "id"]
