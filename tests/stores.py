@@ -8,6 +8,8 @@ from pathlib import Path
 
 import boto3
 
+from config.settings import s3_exports_storage
+
 S3_ENDPOINT_ENV = "FAIRSHARE_TEST_S3_ENDPOINT_URL"
 S3_REGION = "us-east-1"
 # moto accepts any credentials; these reach boto3 the standard way (the environment).
@@ -46,9 +48,7 @@ class S3Store:
         self.client.put_bucket_versioning(Bucket=self.bucket, VersioningConfiguration={"Status": "Enabled"})
         self.env = {"FAIRSHARE_EXPORTS_S3_BUCKET": self.bucket, "FAIRSHARE_EXPORTS_S3_ENDPOINT_URL": endpoint,
                     "FAIRSHARE_EXPORTS_S3_REGION": S3_REGION, **S3_CREDENTIALS}
-        self.storage = {"BACKEND": "storages.backends.s3.S3Storage",
-                        "OPTIONS": {"bucket_name": self.bucket, "endpoint_url": endpoint, "region_name": S3_REGION,
-                                    "default_acl": "private", "querystring_auth": True, "file_overwrite": True}}
+        self.storage = s3_exports_storage(bucket=self.bucket, endpoint_url=endpoint, region=S3_REGION)
 
     def files(self) -> list[str]:
         listed = self.client.list_objects_v2(Bucket=self.bucket)

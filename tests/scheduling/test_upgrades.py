@@ -127,3 +127,17 @@ def test_a_newer_message_waits_for_an_upgraded_worker_and_then_runs_once(account
     assert not DeferredTask.objects.exists()
     assert TaskRun.objects.filter(ref="newer-account-work").count() == 1
     assert not TaskRun.objects.filter(outcome=Outcome.REJECTED).exists()
+
+
+def test_schedules_are_stored_with_the_configured_envelope_version(settings):
+    from django_q.models import Schedule
+
+    from scheduling.schedules import sync_schedules
+
+    sync_schedules()
+    speaks(settings, NEWER)
+    settings.FAIRSHARE = {**settings.FAIRSHARE, "ENVELOPE_VERSION": NEWER}
+    counts = sync_schedules()
+
+    assert counts["updated"] == Schedule.objects.count() > 0
+    assert all(f"'v': {NEWER}," in row.args for row in Schedule.objects.all())
