@@ -59,6 +59,8 @@ class DeferReason(models.TextChoices):
     BUDGET_RESERVED = "budget_reserved", "Remaining budget reserved by running jobs"
     RETRY_BACKOFF = "retry_backoff", "Waiting to retry"
     QUEUED_BEHIND = "queued_behind", "Queued behind the account's held work"
+    # Released (dispatched) but its message never started within the dispatch lease: sent again.
+    MESSAGE_LOST = "message_lost", "Its message was lost: to be sent again"
     # Rolling upgrade: the message's envelope version is newer than the worker that got it speaks.
     # Released only by a worker that speaks it (DeferredTask.envelope_version).
     NEEDS_NEWER_WORKER = "needs_newer_worker", "Needs a newer worker"

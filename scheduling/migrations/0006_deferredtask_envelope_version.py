@@ -30,6 +30,6 @@ class Migration(migrations.Migration):
         migrations.AlterField(
             model_name='deferredtask',
             name='reason',
-            field=models.CharField(choices=[('budget_exhausted', 'Daily CPU budget exhausted'), ('concurrency_cap', 'Account at its concurrency cap'), ('budget_reserved', 'Remaining budget reserved by running jobs'), ('retry_backoff', 'Waiting to retry'), ('queued_behind', "Queued behind the account's held work"), ('needs_newer_worker', 'Needs a newer worker')], max_length=30),
+            field=models.CharField(choices=[('budget_exhausted', 'Daily CPU budget exhausted'), ('concurrency_cap', 'Account at its concurrency cap'), ('budget_reserved', 'Remaining budget reserved by running jobs'), ('retry_backoff', 'Waiting to retry'), ('queued_behind', "Queued behind the account's held work"), ('message_lost', 'Its message was lost: to be sent again'), ('needs_newer_worker', 'Needs a newer worker')], max_length=30),
         ),
     ]
