@@ -63,9 +63,9 @@ class Pools:
         self.stall_restart_at = 0.0
         self.pools = [self._start() for _ in range(count)]
 
-    def _start(self) -> h.Cluster:
+    def _start(self):
         self.started += 1
-        return h.Cluster(self.env, self.logs / f"pool-{self.started}.log", queue="exports")
+        return h.start_cluster(self.env, self.logs / f"pool-{self.started}.log", queue="exports")
 
     def restart(self, index: int, *, graceful: bool) -> None:
         pool = self.pools[index]
