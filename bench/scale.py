@@ -153,13 +153,18 @@ def verdict(rounds: list[dict]) -> str:
         lines.append(f"{broker}: two clusters {gain:+.0%} exports/min, small-job p95 {one['small_p95_s']} -> "
                      f"{two['small_p95_s']} s; host CPU busy {one['host_cpu_busy']:.0%} -> {two['host_cpu_busy']:.0%}")
     top = max(rounds, key=lambda r: r["host_cpu_busy"])
+    db_share = max(r["export_db_wait_share"] for r in rounds)
     if top["host_cpu_busy"] >= 0.85:
         lines.append(f"bottleneck: host CPU (busy {top['host_cpu_busy']:.0%} at {top['broker']} x {top['clusters']}): "
                      "a second cluster on the same cores only shares them; a second host would add capacity")
-    elif max(r["export_db_wait_share"] for r in rounds) >= 0.5:
+        if db_share >= 0.5:
+            lines.append(f"  ...much of it PostgreSQL's: exports wait on the database up to {db_share:.0%} of their "
+                         "time and it runs on these cores; give the database its own host first")
+    elif db_share >= 0.5:
         lines.append("bottleneck: the database (exports spend most of their time waiting on it)")
     else:
         lines.append("bottleneck: neither CPU nor database saturated: the broker/poll cadence and the per-task overhead")
+    lines.append(f"(host CPU counts every process on this machine; load average {os.getloadavg()[0]:.1f} now)")
     redis_cpu = [r["broker_cpu_s"] for r in rounds if r["broker_cpu_s"] is not None]
     if redis_cpu:
         lines.append(f"Redis itself used {max(redis_cpu)} CPU s at most per round: not the limit")
@@ -179,7 +184,7 @@ def main() -> int:
     p.add_argument("--quick", action="store_true", help="8 exports and 100 small jobs per round")
     p.add_argument("--exports", type=int, help="exports per round (default 24; 8 with --quick)")
     p.add_argument("--small-jobs", type=int, help="small jobs per round (default 300; 100 with --quick)")
-    p.add_argument("--rows", type=int, default=5000, help="activity rows per account")
+    p.add_argument("--rows", type=int, default=20000, help="activity rows per account (each export reads up to all)")
     p.add_argument("--workers", type=int, default=2, help="default-queue workers per cluster")
     p.add_argument("--redis-url", default=os.environ.get("REDIS_URL", "redis://127.0.0.1:6379/9"))
     p.add_argument("--timeout", type=float, default=600)
