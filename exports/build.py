@@ -1,6 +1,5 @@
 """One attempt at building an export: claim, reconcile or build, publish, complete, notify."""
 import logging
-import tempfile
 import time
 from dataclasses import dataclass
 from uuid import UUID
@@ -166,7 +165,7 @@ def _record_failure(attempt: ExportAttempt, *, rows: int, error: BaseException) 
 
 def _build_and_publish(record: ExportRecord, *, key: str, meter: Meter, on_batch, checkpoint) -> storage.Manifest:
     since, until = day_bounds(record.start_date, record.end_date)
-    with tempfile.TemporaryFile(prefix="fairshare-export-") as tmp:
+    with storage.staging_file() as tmp:
         result = stream_csv(
             source=get_source(record.source), account_id=record.account_id, since=since, until=until,
             out=tmp, meter=meter, on_batch=on_batch,

@@ -1,11 +1,16 @@
 """Where export files live: Django's `STORAGES["exports"]` (local files or S3), how a publish is
 made recognisable to a later attempt (the manifest), and how files are handed to a downloader
 (a signed, expiring URL either way)."""
+import contextlib
 import hashlib
 import io
 import json
+import os
+import tempfile
+from collections.abc import Iterator
 from dataclasses import asdict, dataclass
-from uuid import UUID
+from typing import BinaryIO
+from uuid import UUID, uuid4
 
 from django.conf import settings
 from django.core import signing
@@ -45,8 +50,84 @@ def manifest_key(key: str) -> str:
     return key + ".manifest.json"
 
 
+class _UnnamedFile(io.BufferedRandom):
+    """A file with no name yet (Linux `O_TMPFILE`) in `directory`: the kernel frees it when it is
+    closed or its process dies, unless it was given a name first."""
+
+    def __init__(self, directory: str):
+        # Mode 0o666 less the umask, as Django's own saves create files (before file_permissions_mode).
+        super().__init__(io.FileIO(os.open(directory, os.O_TMPFILE | os.O_RDWR, 0o666), "r+"))
+        self.directory = directory
+
+
+def _unnamed_file_for(storage) -> _UnnamedFile | None:
+    if not isinstance(storage, FileSystemStorage) or not os.path.isdir("/proc/self/fd"):
+        return None
+    try:
+        return _UnnamedFile(storage.location)
+    except (OSError, AttributeError):
+        # No O_TMPFILE on this platform or file system, or no directory yet (a fresh install).
+        return None
+
+
+@contextlib.contextmanager
+def staging_file() -> Iterator[BinaryIO]:
+    """A temporary file to build an export in, gone once the block ends (or the process dies).
+
+    With local storage it is an unnamed file in the storage's own directory, which `publish`
+    moves into place by a rename instead of copying it (122 MB more to write per million rows:
+    0.04 s of CPU on a quiet machine, 1.4 s of storage wait in a busy run of
+    bench/export_throughput.py). Anywhere else (S3, no `O_TMPFILE`), an ordinary temporary file
+    that `publish` copies.
+    """
+    tmp = _unnamed_file_for(export_storage())
+    if tmp is None:
+        tmp = tempfile.TemporaryFile(prefix="fairshare-export-")
+    with tmp:
+        yield tmp
+
+
+class _NamedOnRequest(File):
+    """An unnamed file offered to FileSystemStorage, which moves (renames) a file that has a
+    `temporary_file_path()` instead of copying it, as it does a large upload.
+
+    The file is given a name only when the storage asks for the path, inside its save just before
+    the rename, so a save that fails or waits first (or a worker killed meanwhile) leaves nothing
+    named behind. Only a worker killed between the two system calls leaves a `.*.partial` file."""
+
+    def __init__(self, file: _UnnamedFile, name: str):
+        super().__init__(file, name=name)
+        self._names: list[str] = []
+
+    def temporary_file_path(self) -> str:
+        self.file.flush()
+        name = f".{uuid4().hex}.partial"
+        directory = os.open(self.file.directory, os.O_RDONLY | os.O_DIRECTORY)
+        try:
+            # linkat(AT_SYMLINK_FOLLOW) of /proc/self/fd/N: how open(2) says to name an O_TMPFILE.
+            os.link(f"/proc/self/fd/{self.file.fileno()}", name, dst_dir_fd=directory, follow_symlinks=True)
+        finally:
+            os.close(directory)
+        self._names.append(os.path.join(self.file.directory, name))
+        return self._names[-1]
+
+    def remove_names(self) -> None:
+        """Renamed into place already, unless the save failed after asking for the path."""
+        for path in self._names:
+            with contextlib.suppress(FileNotFoundError):
+                os.remove(path)
+
+
 def _save(storage, key: str, fileobj) -> None:
-    saved_as = storage.save(key, File(fileobj, name=key))
+    if isinstance(fileobj, _UnnamedFile) and isinstance(storage, FileSystemStorage):
+        content = _NamedOnRequest(fileobj, name=key)
+    else:
+        content = File(fileobj, name=key)
+    try:
+        saved_as = storage.save(key, content)
+    finally:
+        if isinstance(content, _NamedOnRequest):
+            content.remove_names()
     if saved_as != key:
         # A storage that renames on collision would break reconciliation by key.
         raise PublishError(f"storage saved the export under {saved_as!r} instead of {key!r}")
@@ -54,7 +135,9 @@ def _save(storage, key: str, fileobj) -> None:
 
 def publish(*, key: str, fileobj, manifest: Manifest, meter: Meter) -> None:
     """Store the object, then its manifest. An object without a manifest is never trusted: a
-    crash mid-write leaves at most a partial object that the next attempt overwrites."""
+    crash mid-write leaves at most a partial object that the next attempt overwrites.
+
+    A `staging_file()` with local storage is renamed into place (whole or not at all)."""
     storage = export_storage()
     fileobj.seek(0)
     with meter.storage_wait():

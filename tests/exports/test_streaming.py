@@ -9,8 +9,10 @@ import hashlib
 import io
 from decimal import Decimal
 
+import psycopg.errors
 import pytest
 
+from exports import streaming
 from exports.sources import day_bounds, get_source
 from exports.streaming import STRATEGIES, stream_csv
 from scheduling.metering import Meter
@@ -191,3 +193,18 @@ def test_usage_source_exports_only_the_accounts_task_runs(account, other_account
             for run in mine
         ],
     ]
+
+
+def test_a_copy_that_fails_part_way_raises_the_servers_error(account, five_events, monkeypatch):
+    """PostgreSQL has sent thousands of rows when the statement fails: the export fails with the
+    server's error; it never ends as a shorter file reported whole."""
+    failing = "COPY (SELECT 'row ' || (100000 / (50000 - g)) FROM generate_series(1, 60000) AS g) TO STDOUT (FORMAT csv)"
+    monkeypatch.setattr(streaming, "copy_statement", lambda source, queryset: (failing, ()))
+    calls: list[int] = []
+    with pytest.raises(psycopg.errors.DivisionByZero):
+        _stream(account, strategy="copy", batch_rows=1000, on_batch=calls.append)
+    assert calls and calls[-1] < 50_000
+
+    monkeypatch.undo()  # the next export on this process is unaffected
+    result, data = _stream(account, strategy="copy")
+    assert result.rows == 5 and len(_parse(data)) == 6
