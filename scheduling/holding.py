@@ -13,8 +13,8 @@ from typing import Any
 from django.db import transaction
 from django.db.models import F
 
-from scheduling import clock
 from budgets.models import Account
+from scheduling import clock
 from scheduling.envelope import MAX_REF_LENGTH, Envelope, known_version
 from scheduling.models import DeferReason, DeferredTask
 from scheduling.runtime import enqueue_gates, send_message, send_on_commit
