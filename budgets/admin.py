@@ -1,18 +1,30 @@
+from django import forms
 from django.contrib import admin, messages
-from django.utils.html import format_html_join
+from django.contrib.admin.helpers import ACTION_CHECKBOX_NAME
+from django.contrib.auth import get_user_model
+from django.contrib.auth.admin import GroupAdmin, UserAdmin
+from django.contrib.auth.models import Group
+from django.http import Http404
+from django.shortcuts import render
+from django.utils import timezone
+from django.utils.html import format_html, format_html_join
 
-from budgets.models import Account, ApiToken, Budget, Membership, Reservation, UsageDay
+from budgets.adjust import budget_adjust
+from budgets.models import Account, ApiToken, Budget, BudgetAdjustment, Membership, Reservation, Role, UsageDay
 from budgets.selectors import budget_status
-from budgets.tenancy import AccountScopedAdmin, ReadOnlyAdmin
+from budgets.tenancy import (ROLE_RANK, AccountInline, AccountScopedAdmin, ReadOnlyAdmin, accounts_with_role,
+                             action_role, users_visible_to)
+from scheduling.charts import burn_down
+from scheduling.operator import message_results
+from scheduling.pausing import pause, resume
 
 
-class MembershipInline(admin.TabularInline):
+class MembershipInline(AccountInline):
     model = Membership
     extra = 0
-    autocomplete_fields = ["user"]
 
 
-class BudgetInline(admin.TabularInline):
+class BudgetInline(AccountInline):
     model = Budget
     extra = 0
 
@@ -25,6 +37,20 @@ class AccountAdmin(AccountScopedAdmin):
     search_fields = ["slug", "name"]
     prepopulated_fields = {"slug": ["name"]}
     inlines = [MembershipInline, BudgetInline]
+    actions = ["pause_accounts", "resume_accounts"]
+
+    @admin.action(description="Pause: hold the selected accounts' new work")
+    @action_role(Role.OPERATOR)
+    def pause_accounts(self, request, queryset):
+        message_results(self, request, [pause(user=request.user, account=account) for account in queryset])
+
+    @admin.action(description="Resume: release the selected accounts' paused work")
+    @action_role(Role.OPERATOR)
+    def resume_accounts(self, request, queryset):
+        message_results(self, request, [resume(user=request.user, account=account) for account in queryset])
+
+    def has_add_permission(self, request):
+        return request.user.is_superuser  # a new tenant is the platform's decision
 
     def changelist_view(self, request, extra_context=None):
         # One query set for the whole page instead of one per row.
@@ -33,49 +59,125 @@ class AccountAdmin(AccountScopedAdmin):
             self._status.setdefault(row.account, []).append(row)
         return super().changelist_view(request, extra_context)
 
-    @admin.display(description="today's CPU (used / limit, running, sent, held)")
+    @admin.display(description="today's CPU per queue (used, reserved, limit) and work")
     def budget_today(self, obj):
         rows = getattr(self, "_status", {}).get(obj.slug, [])
         return format_html_join(
-            "", "<div>{}: {} / {} s ({}%), {}/{} running, {} sent, {} held</div>",
-            ((r.queue, round(r.cpu_used_ms / 1000, 1), r.cpu_limit_ms // 1000,
-              round(100 * r.cpu_used_ms / r.cpu_limit_ms) if r.cpu_limit_ms else 0,
+            "", '<div class="budget-row">{} {} {}: {} / {} s used, {} s reserved; {}/{} running, {} sent, {} held</div>',
+            ((burn_down(used=r.cpu_used_ms, reserved=r.cpu_reserved_ms, limit=r.cpu_limit_ms), r.queue,
+              f"({round(100 * r.cpu_used_ms / r.cpu_limit_ms) if r.cpu_limit_ms else 0}%)",
+              round(r.cpu_used_ms / 1000, 1), r.cpu_limit_ms // 1000, round(r.cpu_reserved_ms / 1000, 1),
               r.running, r.max_concurrent, r.sent, r.held) for r in rows),
         ) or "—"
 
 
+class MembershipForm(forms.ModelForm):
+    """An owner grants at most the role they hold in the account (SPEC §3)."""
+
+    class Meta:
+        model = Membership
+        fields = ["user", "account", "role"]
+
+    def clean(self):
+        data = super().clean()
+        user, account, role = self.granted_by, data.get("account"), data.get("role")
+        if account is not None and role and not user.is_superuser:
+            held = Membership.objects.filter(user=user, account=account).values_list("role", flat=True).first()
+            if held is None or ROLE_RANK[role] > ROLE_RANK[held]:
+                self.add_error("role", "You cannot grant a role above your own in this account.")
+        return data
+
+
 @admin.register(Membership)
 class MembershipAdmin(AccountScopedAdmin):
+    form = MembershipForm
     list_display = ["user", "account", "role", "created_at"]
     list_filter = ["role", "account"]
     search_fields = ["user__username", "user__email", "account__slug"]
-    autocomplete_fields = ["user", "account"]
+
+    def get_form(self, request, obj=None, **kwargs):
+        form = super().get_form(request, obj, **kwargs)
+        form.granted_by = request.user
+        return form
+
+
+class AdjustForm(forms.Form):
+    cpu_seconds_per_day = forms.IntegerField(min_value=0, label="CPU seconds per day")
+    today_only = forms.BooleanField(required=False, initial=True, label="For today only (back at the next budget day)")
 
 
 @admin.register(Budget)
 class BudgetAdmin(AccountScopedAdmin):
     list_display = ["account", "queue", "cpu_seconds_per_day", "max_concurrent"]
     list_filter = ["queue", "account"]
+    actions = ["adjust"]
+
+    @admin.action(description="Adjust the daily CPU budget (today only or for good)")
+    def adjust(self, request, queryset):
+        form = AdjustForm(request.POST if "apply" in request.POST else None)
+        if form.is_valid():
+            message_results(self, request, [
+                budget_adjust(user=request.user, budget_id=budget.pk, today_only=form.cleaned_data["today_only"],
+                              cpu_seconds_per_day=form.cleaned_data["cpu_seconds_per_day"]) for budget in queryset])
+            return None
+        return render(request, "admin/budgets/adjust.html", {
+            **self.admin_site.each_context(request), "title": "Adjust budgets", "form": form, "budgets": queryset,
+            "selected": request.POST.getlist(ACTION_CHECKBOX_NAME), "opts": self.model._meta,
+        })
+
+
+@admin.register(BudgetAdjustment)
+class BudgetAdjustmentAdmin(ReadOnlyAdmin):
+    account_path = "budget__account"
+    list_display = ["budget", "previous_cpu_seconds", "cpu_seconds_per_day", "until_day", "ended_at", "adjusted_by",
+                    "created_at"]
+    list_filter = ["until_day"]
 
 
 @admin.register(ApiToken)
-class ApiTokenAdmin(admin.ModelAdmin):
-    list_display = ["name", "user", "hint", "created_at", "last_used_at"]
-    readonly_fields = ["hint", "created_at", "last_used_at"]
-    fields = ["user", "name", "hint", "created_at", "last_used_at"]
-    autocomplete_fields = ["user"]
+class ApiTokenAdmin(AccountScopedAdmin):
+    """Each person issues their own tokens, for an account they belong to, and sees the raw token
+    once; the account's owners see and revoke its tokens. Revoked tokens are kept, marked."""
+
+    list_display = ["name", "user", "account", "hint", "created_at", "expires_at", "last_used_at", "revoked_at",
+                    "revoked_by"]
+    list_filter = ["account"]
+    fields = ["account", "name", "expires_at", "user", "hint", "created_at", "last_used_at", "revoked_at",
+              "revoked_by"]
+    readonly_fields = ["user", "hint", "created_at", "last_used_at", "revoked_at", "revoked_by"]
+    actions = ["revoke"]
+    write_role = Role.VIEWER  # anyone may issue a token for themselves (it acts with their own role)
 
     def get_queryset(self, request):
         qs = super().get_queryset(request)
-        return qs if request.user.is_superuser else qs.filter(user=request.user)
+        if request.user.is_superuser:
+            return qs
+        return qs.filter(user=request.user) | qs.filter(account__in=accounts_with_role(user=request.user,
+                                                                                       role=Role.OWNER))
 
     def has_change_permission(self, request, obj=None):
         return False
 
+    def has_delete_permission(self, request, obj=None):
+        return False  # revoked, never deleted: the record says who used what
+
+    def has_revoke_permission(self, request):
+        return request.user.has_perm("budgets.change_apitoken") and self.has_role(request, Role.VIEWER)
+
     def save_model(self, request, obj, form, change):
-        token, raw = ApiToken.issue(user=obj.user, name=obj.name)
+        token, raw = ApiToken.issue(user=request.user, account=obj.account, name=obj.name, expires_at=obj.expires_at)
         obj.pk = token.pk
         self.message_user(request, f"Token created. Copy it now, it is not shown again: {raw}", messages.WARNING)
+
+    @admin.action(description="Revoke selected tokens", permissions=["revoke"])
+    @action_role(Role.VIEWER)
+    def revoke(self, request, queryset):
+        # Own tokens, or any of an account one owns (get_queryset); already revoked ones stay as they were.
+        for token in queryset.filter(revoked_at__isnull=True):
+            ApiToken.objects.filter(pk=token.pk, revoked_at__isnull=True).update(
+                revoked_at=timezone.now(), revoked_by=request.user)
+            self.log_change(request, token, "Revoked")
+            self.message_user(request, f"Revoked {token}.", messages.SUCCESS)
 
 
 @admin.register(UsageDay)
@@ -91,3 +193,48 @@ class ReservationAdmin(ReadOnlyAdmin):
     list_display = ["job", "ref", "account", "queue", "status", "cpu_reserved_ms", "cpu_reported_ms", "worker",
                     "created_at", "lease_expires_at"]
     list_filter = ["status", "queue", "account"]
+
+
+# People: staff see the users they share an account with, and change none (superusers manage
+# logins, staff flags and permissions); groups are the superusers' alone.
+admin.site.unregister(get_user_model())
+admin.site.unregister(Group)
+
+
+@admin.register(get_user_model())
+class ScopedUserAdmin(UserAdmin):
+    def get_queryset(self, request):
+        return users_visible_to(user=request.user) if not request.user.is_superuser else super().get_queryset(request)
+
+    def get_list_filter(self, request):
+        return super().get_list_filter(request) if request.user.is_superuser else ["is_active"]
+
+    def has_add_permission(self, request):
+        return request.user.is_superuser
+
+    def has_change_permission(self, request, obj=None):
+        return request.user.is_superuser
+
+    def has_delete_permission(self, request, obj=None):
+        return request.user.is_superuser
+
+    def _get_obj_does_not_exist_redirect(self, request, opts, object_id):
+        raise Http404("No user with this id.")
+
+
+@admin.register(Group)
+class SuperuserGroupAdmin(GroupAdmin):
+    def has_module_permission(self, request):
+        return request.user.is_superuser
+
+    def has_view_permission(self, request, obj=None):
+        return request.user.is_superuser
+
+    def has_add_permission(self, request):
+        return request.user.is_superuser
+
+    def has_change_permission(self, request, obj=None):
+        return request.user.is_superuser
+
+    def has_delete_permission(self, request, obj=None):
+        return request.user.is_superuser

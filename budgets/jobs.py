@@ -1,5 +1,5 @@
 """Budgets' maintenance job (scheduled in scheduling.schedules)."""
-from budgets import services
+from budgets import adjust, services
 from scheduling.registry import job
 
 
@@ -8,3 +8,9 @@ from scheduling.registry import job
 def reclaim_leases(ctx) -> None:
     """Give back the slots and reservations of runs whose worker died."""
     ctx.items = services.reclaim_expired()
+
+
+@job("budgets.end_adjustments", account_scoped=False)
+def end_adjustments(ctx) -> None:
+    """Put back budgets that were adjusted for one day only, once that day is over."""
+    ctx.items = adjust.end_adjustments()

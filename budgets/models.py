@@ -1,8 +1,18 @@
 import hashlib
 import secrets
+import zoneinfo
 
 from django.conf import settings
+from django.core.exceptions import ValidationError
 from django.db import models
+from django.utils import timezone as django_timezone
+
+
+def validate_timezone(value: str) -> None:
+    """An IANA zone name this machine knows (recurring exports compute their periods in it)."""
+    if value not in zoneinfo.available_timezones():
+        raise ValidationError("Unknown time zone %(zone)s; use an IANA name such as Europe/Amsterdam.",
+                              code="unknown_timezone", params={"zone": repr(value)[:70]})
 
 
 class Plan(models.TextChoices):
@@ -12,13 +22,15 @@ class Plan(models.TextChoices):
 
 
 class Account(models.Model):
-    """A tenant: every task, export and budget belongs to one."""
+    """A tenant: every task, export and budget belongs to one. Saved only with a known time zone
+    (`save` validates it: a bad zone written by any path must not reach the recurring exports)."""
 
     slug = models.SlugField(unique=True)
     name = models.CharField(max_length=200)
     is_active = models.BooleanField(default=True)
     plan = models.CharField(max_length=20, choices=Plan.choices, default=Plan.STANDARD)
-    timezone = models.CharField(max_length=64, default="UTC", help_text="For recurring exports, e.g. Europe/Amsterdam")
+    timezone = models.CharField(max_length=64, default="UTC", validators=[validate_timezone],
+                                help_text="For recurring exports, e.g. Europe/Amsterdam")
     export_retention_days = models.PositiveSmallIntegerField(
         null=True, blank=True, help_text="Days finished exports are kept; empty = the default")
     created_at = models.DateTimeField(auto_now_add=True)
@@ -28,6 +40,10 @@ class Account(models.Model):
 
     def __str__(self) -> str:
         return self.slug
+
+    def save(self, *args, **kwargs):
+        validate_timezone(self.timezone)
+        super().save(*args, **kwargs)
 
 
 class Role(models.TextChoices):
@@ -107,6 +123,8 @@ class UsageDay(models.Model):
         constraints = [
             models.UniqueConstraint(fields=["account", "queue", "day"], name="usageday_unique_account_queue_day")
         ]
+        # The dashboard reads the last 14 days of every account: by day, whatever the history holds.
+        indexes = [models.Index(fields=["day"], name="usageday_day")]
         ordering = ["-day", "account", "queue"]
 
     def __str__(self) -> str:
@@ -155,24 +173,60 @@ def hash_token(raw: str) -> str:
 
 
 class ApiToken(models.Model):
-    """A bearer token for the JSON API. Only its SHA-256 is stored; the raw token is shown once."""
+    """A bearer token for the JSON API: one user acting for one account (SPEC §3). Only its SHA-256
+    is stored; the raw token is shown once, to the user it belongs to. It may expire; revoked
+    tokens are kept, marked with who revoked them and when."""
 
     PREFIX = "fs_"
 
     user = models.ForeignKey(
         settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="api_tokens"
     )
+    # Null only for tokens made before tokens had an account: those act for nobody.
+    account = models.ForeignKey(Account, null=True, on_delete=models.CASCADE, related_name="api_tokens")
     name = models.CharField(max_length=100)
     key_hash = models.CharField(max_length=64, unique=True, editable=False)
     hint = models.CharField(max_length=12, editable=False, help_text="First characters, to tell tokens apart.")
     created_at = models.DateTimeField(auto_now_add=True)
+    expires_at = models.DateTimeField(null=True, blank=True, help_text="Empty: does not expire")
     last_used_at = models.DateTimeField(null=True, blank=True, editable=False)
+    revoked_at = models.DateTimeField(null=True, blank=True, editable=False)
+    revoked_by = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, blank=True, editable=False,
+                                   on_delete=models.SET_NULL, related_name="+")
 
     def __str__(self) -> str:
         return f"{self.name} ({self.hint}…)"
 
+    @property
+    def is_usable(self) -> bool:
+        return (self.revoked_at is None and self.account_id is not None
+                and (self.expires_at is None or self.expires_at > django_timezone.now()))
+
     @classmethod
-    def issue(cls, *, user, name: str) -> tuple["ApiToken", str]:
+    def issue(cls, *, user, account: Account, name: str, expires_at=None) -> tuple["ApiToken", str]:
         raw = cls.PREFIX + secrets.token_urlsafe(32)
-        token = cls.objects.create(user=user, name=name, key_hash=hash_token(raw), hint=raw[:8])
+        token = cls.objects.create(user=user, account=account, name=name, key_hash=hash_token(raw),
+                                   hint=raw[:8], expires_at=expires_at)
         return token, raw
+
+
+class BudgetAdjustment(models.Model):
+    """An operator's change of a budget's daily CPU limit (budgets.adjust), kept as its history:
+    for good, or for one budget day (`until_day`), after which `budgets.end_adjustments` puts
+    `previous_cpu_seconds` back."""
+
+    budget = models.ForeignKey(Budget, on_delete=models.CASCADE, related_name="adjustments")
+    cpu_seconds_per_day = models.PositiveIntegerField()
+    previous_cpu_seconds = models.PositiveIntegerField()
+    until_day = models.DateField(null=True, blank=True, help_text="Empty: for good")
+    ended_at = models.DateTimeField(null=True, blank=True, help_text="When the day's limit was put back (or superseded)")
+    adjusted_by = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL,
+                                    related_name="+")
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["-created_at"]
+
+    def __str__(self) -> str:
+        scope = f"for {self.until_day} only" if self.until_day else "for good"
+        return f"{self.budget}: {self.previous_cpu_seconds} -> {self.cpu_seconds_per_day} CPU s/day {scope}"

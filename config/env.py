@@ -60,9 +60,30 @@ EMAIL_BACKEND = Setting(None, "EMAIL_BACKEND", "django.core.mail.backends.consol
 EMAIL_FILE_PATH = Setting(None, "EMAIL_FILE_PATH", None, shown_default="unset", sets="`EMAIL_FILE_PATH`",
                           doc="the folder of the file-based e-mail backend")
 
+# HTTPS (`manage.py check --deploy` is clean once these are on; see docs/architecture.md "Deploying").
+# Off by default: the demo and the tests speak plain HTTP; production behind TLS turns them on.
+SSL_REDIRECT = Setting(None, "SECURE_SSL_REDIRECT", False, parse=flag, sets="`SECURE_SSL_REDIRECT`",
+                       doc="redirect every plain-HTTP request to HTTPS")
+HSTS_SECONDS = Setting(None, "SECURE_HSTS_SECONDS", 0, parse=int, unit="s", sets="`SECURE_HSTS_SECONDS`",
+                       doc="Strict-Transport-Security max-age (0: no header); production: 31536000")
+HSTS_INCLUDE_SUBDOMAINS = Setting(None, "SECURE_HSTS_INCLUDE_SUBDOMAINS", False, parse=flag,
+                                  sets="`SECURE_HSTS_INCLUDE_SUBDOMAINS`", doc="HSTS covers subdomains too")
+HSTS_PRELOAD = Setting(None, "SECURE_HSTS_PRELOAD", False, parse=flag, sets="`SECURE_HSTS_PRELOAD`",
+                       doc="ask browsers to preload HSTS for the domain")
+SESSION_COOKIE_SECURE = Setting(None, "SESSION_COOKIE_SECURE", False, parse=flag, sets="`SESSION_COOKIE_SECURE`",
+                                doc="send the session cookie over HTTPS only")
+CSRF_COOKIE_SECURE = Setting(None, "CSRF_COOKIE_SECURE", False, parse=flag, sets="`CSRF_COOKIE_SECURE`",
+                             doc="send the CSRF cookie over HTTPS only")
+PROXY_SSL_HEADER = Setting(None, "SECURE_PROXY_SSL_HEADER", "", shown_default="unset",
+                           sets="`SECURE_PROXY_SSL_HEADER`",
+                           doc="behind a TLS-terminating proxy: the header that says HTTPS, as "
+                               "`NAME=value` (e.g. `HTTP_X_FORWARDED_PROTO=https`)")
+
 VARIABLES = (
     VAR_DIR, DEBUG, SECRET_KEY, ALLOWED_HOSTS, DATABASE_URL, DB_CONN_MAX_AGE, REDIS_URL,
     TASK_TIMEOUT, WORKERS, POLL, EXPORT_TIMEOUT, EXPORT_RETRY, EXPORT_WORKERS,
     EXPORTS_S3_BUCKET, EXPORTS_S3_ENDPOINT_URL, EXPORTS_S3_REGION, EXPORTS_STORAGE_BACKEND, EXPORTS_ROOT,
     LOG_FORMAT, LOG_LEVEL, Q_LOG_LEVEL, EMAIL_BACKEND, EMAIL_FILE_PATH,
+    SSL_REDIRECT, HSTS_SECONDS, HSTS_INCLUDE_SUBDOMAINS, HSTS_PRELOAD, SESSION_COOKIE_SECURE, CSRF_COOKIE_SECURE,
+    PROXY_SSL_HEADER,
 )

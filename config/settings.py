@@ -61,6 +61,20 @@ MIDDLEWARE = [
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
 ]
 
+# HTTPS: all off by default (demo and tests are plain HTTP); production turns them on from the
+# environment and `manage.py check --deploy` is then clean (tests/test_settings.py).
+SECURE_SSL_REDIRECT = env.SSL_REDIRECT.read()
+SECURE_HSTS_SECONDS = env.HSTS_SECONDS.read()
+SECURE_HSTS_INCLUDE_SUBDOMAINS = env.HSTS_INCLUDE_SUBDOMAINS.read()
+SECURE_HSTS_PRELOAD = env.HSTS_PRELOAD.read()
+SESSION_COOKIE_SECURE = env.SESSION_COOKIE_SECURE.read()
+CSRF_COOKIE_SECURE = env.CSRF_COOKIE_SECURE.read()
+if env.PROXY_SSL_HEADER.read():
+    _header, _, _value = env.PROXY_SSL_HEADER.read().partition("=")
+    if not _value:
+        raise ImproperlyConfigured("SECURE_PROXY_SSL_HEADER must look like HTTP_X_FORWARDED_PROTO=https.")
+    SECURE_PROXY_SSL_HEADER = (_header.strip(), _value.strip())
+
 ROOT_URLCONF = "config.urls"
 WSGI_APPLICATION = "config.wsgi.application"
 
@@ -202,11 +216,14 @@ FAIRSHARE = {
         "scheduling.middleware.ContractMiddleware",
         "scheduling.middleware.RunRecordingMiddleware",
         "budgets.middleware.BudgetMiddleware",
+        # Inside the budget's admission, so that a paused job gives its dispatched slot back.
+        "scheduling.pausing.PauseMiddleware",
         "scheduling.middleware.RetryMiddleware",
     ],
     # The enqueue-time checks account work passes before it is sent to the broker (dotted paths,
     # like AUTHENTICATION_BACKENDS; see scheduling.runtime.EnqueueGate). A gate may hold the job.
-    "ENQUEUE_GATES": ["budgets.gate.BudgetGate"],
+    # The pause gate first: paused work takes no budget slot.
+    "ENQUEUE_GATES": ["scheduling.pausing.PauseGate", "budgets.gate.BudgetGate"],
 }
 
 # JSON lines in production (LOG_FORMAT=json, the default without DEBUG), readable text in the demo.
@@ -218,9 +235,18 @@ LOGGING = {
         "text": {"format": "%(asctime)s %(levelname)s %(name)s %(message)s"},
         "json": {"()": "config.logging.JsonFormatter"},
     },
-    "handlers": {"console": {"class": "logging.StreamHandler", "formatter": LOG_FORMAT}},
+    # Every handler redacts (scheduling/redaction.py): a library's message or traceback may quote
+    # a credential, an e-mail address or a download link. A handler added here needs the filter.
+    "filters": {"redact": {"()": "scheduling.redaction.RedactingFilter"}},
+    "handlers": {"console": {"class": "logging.StreamHandler", "formatter": LOG_FORMAT, "filters": ["redact"]}},
     "root": {"handlers": ["console"], "level": env.LOG_LEVEL.read()},
-    "loggers": {"django_q": {"level": env.Q_LOG_LEVEL.read()}},
+    "loggers": {
+        "django-q": {"level": env.Q_LOG_LEVEL.read()},  # django-q2's one logger (django_q/conf.py)
+        # Django's own handlers (DEFAULT_LOGGING) do not redact: its loggers use ours instead. The
+        # web log (django.server) would otherwise record every download link it serves.
+        "django": {"handlers": [], "level": "INFO", "propagate": True},
+        "django.server": {"handlers": [], "level": "INFO", "propagate": True},
+    },
 }
 
 EMAIL_BACKEND = env.EMAIL_BACKEND.read()

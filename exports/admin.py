@@ -1,8 +1,13 @@
-from django.contrib import admin, messages
+from django import forms
+from django.contrib import admin
+from django.urls import reverse
+from django.utils.html import format_html
 
-from budgets.tenancy import AccountScopedAdmin, ReadOnlyAdmin
-from exports.leases import export_cancel
-from exports.models import ActivityEvent, ExportAttempt, ExportRecord, ExportSchedule
+from budgets.models import Role
+from budgets.tenancy import AccountScopedAdmin, ReadOnlyAdmin, action_role, can_export
+from exports.models import ActivityEvent, ExportAttempt, ExportRecord, ExportSchedule, ExportStatus
+from exports.operations import export_cancel_by, export_retry, export_schedule_run_now
+from scheduling.operator import message_results
 
 
 class ExportAttemptInline(admin.TabularInline):
@@ -26,31 +31,54 @@ class ExportRecordAdmin(ReadOnlyAdmin):
     date_hierarchy = "created_at"
     list_select_related = ["account"]
     inlines = [ExportAttemptInline]
-    actions = ["cancel"]
+    actions = ["retry", "cancel"]
     fieldsets = [
         (None, {"fields": ["id", "account", "requested_by", "source", "format", "start_date", "end_date",
-                           "idempotency_key", "status", "progress"]}),
-        ("Result", {"fields": ["output_key", "row_count", "byte_size", "checksum_sha256", "completed_at", "expires_at"]}),
+                           "idempotency_key", "status", "progress", "timings"]}),
+        ("Result", {"fields": ["download", "output_key", "row_count", "byte_size", "checksum_sha256", "completed_at",
+                               "expires_at"]}),
         ("Failure", {"fields": ["error_class", "error_message"]}),
         ("Attempts and lease", {"fields": ["attempt_count", "attempt_limit", "lease_owner", "lease_epoch",
                                            "lease_expires_at", "rows_written", "rows_estimated", "created_at",
                                            "started_at"], "classes": ["collapse"]}),
     ]
 
-    @admin.action(description="Cancel selected exports", permissions=["cancel"])
-    def cancel(self, request, queryset):
-        for record in queryset:
-            status = export_cancel(export_id=record.pk)
-            self.message_user(request, f"{record.pk}: {status}"
-                              + (" (stops at its next batch)" if status == "running" else ""), messages.INFO)
+    @admin.action(description="Retry selected failed or cancelled exports", permissions=["act"])
+    @action_role(Role.OPERATOR)
+    def retry(self, request, queryset):
+        message_results(self, request, export_retry(user=request.user, export_ids=list(queryset.values_list("pk", flat=True))))
 
-    def has_cancel_permission(self, request):
-        return request.user.is_superuser or request.user.has_perm("exports.change_exportrecord")
+    @admin.action(description="Cancel selected exports", permissions=["act"])
+    @action_role(Role.OPERATOR)
+    def cancel(self, request, queryset):
+        message_results(self, request, export_cancel_by(user=request.user, export_ids=list(queryset.values_list("pk", flat=True))))
+
+    def has_act_permission(self, request):
+        """Retry and cancel act on work, not on the record's fields: whoever sees exports and holds
+        the operator role in an account (each selected export is checked against its account)."""
+        return self.has_view_permission(request) and self.has_role(request, Role.OPERATOR)
+
+    @admin.display(description="download")
+    def download(self, obj):
+        if obj.status != ExportStatus.SUCCEEDED:
+            return "—"
+        # The API's download view checks membership again and answers with a link that expires.
+        return format_html('<a href="{}">download ({} rows)</a>', reverse("exports:download", args=[obj.pk]), obj.row_count)
+
+    @admin.display(description="timings")
+    def timings(self, obj):
+        waited = (obj.started_at - obj.created_at) if obj.started_at else None
+        ran = (obj.completed_at - obj.started_at) if obj.completed_at and obj.started_at else None
+        return f"waited {_secs(waited)}, ran {_secs(ran)}"
 
     @admin.display(description="progress")
     def progress(self, obj):
         percent = obj.progress_percent
         return "—" if percent is None else f"{percent}%"
+
+
+def _secs(delta) -> str:
+    return "—" if delta is None else f"{delta.total_seconds():.1f} s"
 
 
 @admin.register(ActivityEvent)
@@ -62,8 +90,30 @@ class ActivityEventAdmin(AccountScopedAdmin):
     show_full_result_count = False
 
 
+class ExportScheduleForm(forms.ModelForm):
+    """The requester must be allowed to export the account (as every export request must)."""
+
+    class Meta:
+        model = ExportSchedule
+        fields = "__all__"
+
+    def clean(self):
+        data = super().clean()
+        account, requester = data.get("account"), data.get("requested_by")
+        if account is not None and requester is not None and not can_export(user=requester, account=account):
+            self.add_error("requested_by", "This person may not export this account's data.")
+        return data
+
+
 @admin.register(ExportSchedule)
 class ExportScheduleAdmin(AccountScopedAdmin):
+    form = ExportScheduleForm
+    write_role = Role.OPERATOR  # recurring exports are work: operators run it
     list_display = ["account", "source", "period", "at_time", "requested_by", "is_active", "created_at"]
     list_filter = ["period", "is_active", "account"]
-    autocomplete_fields = ["requested_by"]
+    actions = ["run_now"]
+
+    @admin.action(description="Run now (request the latest period)")
+    @action_role(Role.OPERATOR)
+    def run_now(self, request, queryset):
+        message_results(self, request, export_schedule_run_now(user=request.user, schedule_ids=list(queryset.values_list("pk", flat=True))))

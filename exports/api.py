@@ -1,15 +1,16 @@
 """The JSON API for exports (SPEC §4 Interfaces)."""
-import json
 from http import HTTPStatus
 
 from django.http import HttpResponseRedirect, JsonResponse
 from django.views.decorators.csrf import csrf_exempt
 from django.views.decorators.http import require_GET, require_POST
 
-from budgets.auth import CsrfFailed, api_user
+from budgets.auth import ApiCaller, CsrfFailed, api_caller
+from budgets.models import Account
 from exports import storage
-from exports.forms import ExportRequestForm
+from exports.forms import BadBody, ExportRequestForm, read_json_object
 from exports.models import ExportRecord, ExportStatus
+from exports.operations import export_retry
 from exports.requests import ExportRequestError, export_request
 from exports.selectors import exports_visible_to
 
@@ -19,6 +20,7 @@ ERROR_STATUS = {
     "account_inactive": HTTPStatus.FORBIDDEN,
     "idempotency_key_reused": HTTPStatus.CONFLICT,
     "too_many_rows": HTTPStatus.UNPROCESSABLE_ENTITY,
+    "not_retryable": HTTPStatus.CONFLICT,
 }
 
 
@@ -58,46 +60,55 @@ def _unauthenticated() -> JsonResponse:
     return response
 
 
-@csrf_exempt  # token clients have no CSRF cookie; api_user() checks CSRF for session requests
+def _unknown_account(slug: str) -> JsonResponse:
+    # One answer for an unknown account, a non-member and a token made for another account:
+    # nothing reveals which accounts exist.
+    return error_response(HTTPStatus.NOT_FOUND, "unknown_account", f"No account {slug!r}.")
+
+
+@csrf_exempt  # token clients have no CSRF cookie; api_caller() checks CSRF for session requests
 @require_POST
 def request_export(request, slug: str):
     try:
-        user = api_user(request)
+        caller = api_caller(request)
     except CsrfFailed as exc:
         return error_response(HTTPStatus.FORBIDDEN, "csrf_failed", f"CSRF check failed: {exc}")
-    if user is None:
+    if caller is None:
         return _unauthenticated()
     try:
-        body = json.loads(request.body or b"{}")
-    except (json.JSONDecodeError, UnicodeDecodeError):
-        return error_response(HTTPStatus.BAD_REQUEST, "malformed_json", "The body must be a JSON object.")
-    if not isinstance(body, dict):
-        return error_response(HTTPStatus.BAD_REQUEST, "malformed_json", "The body must be a JSON object.")
+        body = read_json_object(content_type=request.content_type, body=request.body,
+                                allowed=ExportRequestForm.BODY_FIELDS)
+    except BadBody as exc:
+        return error_response(exc.status, exc.code, exc.message)
     form = ExportRequestForm({**body, "idempotency_key": request.headers.get("Idempotency-Key", "")})
     if not form.is_valid():
         return error_response(HTTPStatus.BAD_REQUEST, "invalid", form.error_text(), fields=form.errors.get_json_data())
+    if caller.account_id is not None and not Account.objects.filter(slug=slug, pk=caller.account_id).exists():
+        return _unknown_account(slug)
     data = form.cleaned_data
     try:
         record, created = export_request(
-            account_slug=slug, user=user, start=data["start"], end=data["end"], fmt=data["format"],
+            account_slug=slug, user=caller.user, start=data["start"], end=data["end"], fmt=data["format"],
             source=data["source"], idempotency_key=data["idempotency_key"] or None,
         )
     except ExportRequestError as exc:
-        if exc.code == "not_member":
-            # Answer exactly as for an unknown account: don't reveal which accounts exist.
-            exc = ExportRequestError("unknown_account", f"No account {slug!r}.")
+        if exc.code in ("not_member", "unknown_account"):
+            return _unknown_account(slug)
         return error_response(ERROR_STATUS.get(exc.code, HTTPStatus.BAD_REQUEST), exc.code, exc.message)
     return JsonResponse(export_json(record), status=HTTPStatus.ACCEPTED if created else HTTPStatus.OK)
 
 
-def _visible_export(request, export_id) -> tuple[object, ExportRecord | JsonResponse]:
-    user = api_user(request)
-    if user is None:
+def _visible_export(request, export_id) -> tuple[ApiCaller | None, ExportRecord | JsonResponse]:
+    caller = api_caller(request)
+    if caller is None:
         return None, _unauthenticated()
-    record = exports_visible_to(user=user).select_related("account").filter(pk=export_id).first()
+    visible = exports_visible_to(user=caller.user).select_related("account")
+    if caller.account_id is not None:  # a token sees its own account's exports only
+        visible = visible.filter(account_id=caller.account_id)
+    record = visible.filter(pk=export_id).first()
     if record is None:  # someone else's export is indistinguishable from a missing one
-        return user, error_response(HTTPStatus.NOT_FOUND, "not_found", "No such export.")
-    return user, record
+        return caller, error_response(HTTPStatus.NOT_FOUND, "not_found", "No such export.")
+    return caller, record
 
 
 @require_GET
@@ -110,12 +121,30 @@ def export_detail(request, export_id):
 
 @require_GET
 def export_download(request, export_id):
-    """Redirect to a short-lived URL for the file: signed for local storage, presigned on S3."""
-    user, found = _visible_export(request, export_id)
+    """Redirect to a single-use link, valid for EXPORT_DOWNLOAD_TTL_S (docs/architecture.md)."""
+    caller, found = _visible_export(request, export_id)
     if isinstance(found, JsonResponse):
         return found
     if found.status != ExportStatus.SUCCEEDED:
         return error_response(HTTPStatus.CONFLICT, "not_ready", f"The export is {found.status}, not succeeded.")
-    return HttpResponseRedirect(storage.download_url(export_id=found.pk, key=found.output_key, user_id=user.pk))
+    response = HttpResponseRedirect(storage.download_url(export_id=found.pk, user_id=caller.user.pk))
+    response["Cache-Control"] = "private, no-store"  # a link is for this caller, once
+    return response
 
 
+
+@csrf_exempt  # as request_export: api_caller() checks CSRF for session requests
+@require_POST
+def retry_export(request, export_id):
+    """Run a failed or cancelled export again (same id, fresh attempts): 202 with the export."""
+    try:
+        caller, found = _visible_export(request, export_id)
+    except CsrfFailed as exc:
+        return error_response(HTTPStatus.FORBIDDEN, "csrf_failed", f"CSRF check failed: {exc}")
+    if isinstance(found, JsonResponse):
+        return found
+    [result] = export_retry(user=caller.user, export_ids=[found.pk])
+    if not result.ok:
+        return error_response(ERROR_STATUS.get(result.code, HTTPStatus.FORBIDDEN), result.code, result.message)
+    found.refresh_from_db()
+    return JsonResponse(export_json(found), status=HTTPStatus.ACCEPTED)

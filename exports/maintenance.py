@@ -8,7 +8,7 @@ from django.utils import timezone
 
 from budgets.selectors import refs_in_flight
 from exports import storage
-from exports.models import ExportRecord, ExportStatus
+from exports.models import DownloadGrant, ExportRecord, ExportStatus
 from exports.notify import export_notify_once
 from exports.requests import BUILD_JOB
 from scheduling.models import DeferredTask
@@ -68,6 +68,9 @@ def purge_expired_exports() -> int:
         Q(status=ExportStatus.SUCCEEDED, expires_at__lt=now)
         | Q(status__in=[ExportStatus.FAILED, ExportStatus.CANCELLED], completed_at__lt=now - retention_days * one_day)
     )
+    # Download links past their TTL are worth nothing, used or not.
+    DownloadGrant.objects.filter(
+        created_at__lt=now - dt.timedelta(seconds=settings.FAIRSHARE["EXPORT_DOWNLOAD_TTL_S"])).delete()
     purged = 0
     for export_id, account_id in expired.values_list("pk", "account_id"):
         # The object first: a crash in between leaves a record to purge again, never an orphan.

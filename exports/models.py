@@ -166,3 +166,20 @@ class ExportSchedule(models.Model):
 
     def __str__(self) -> str:
         return f"{self.account} {self.source} {self.period} at {self.at_time}"
+
+
+class DownloadGrant(models.Model):
+    """One download link: for one user and one export, usable once, within the link's TTL.
+
+    The link carries the grant's id, signed with its issue time (exports/storage.py); serving it
+    marks the grant used under a guarded UPDATE, so a link copied from a log, a proxy or a browser
+    history is worth nothing once its user has the file."""
+
+    id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
+    export = models.ForeignKey(ExportRecord, on_delete=models.CASCADE, related_name="download_grants")
+    user = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="+")
+    created_at = models.DateTimeField(auto_now_add=True)
+    used_at = models.DateTimeField(null=True, blank=True)
+
+    def __str__(self) -> str:
+        return f"download of {self.export_id} ({'used' if self.used_at else 'unused'})"

@@ -1,13 +1,14 @@
 """Recurring exports: which period a schedule is due for, and requesting it."""
 import datetime as dt
 import logging
-from zoneinfo import ZoneInfo
+from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 from django.utils import timezone
 
 from exports.models import ExportSchedule, SchedulePeriod
 from exports.requests import ExportRequestError, export_request
 from exports.sources import day_bounds
+from scheduling.redaction import describe_error
 
 logger = logging.getLogger("fairshare.exports")
 
@@ -41,21 +42,35 @@ def run_export_schedules(*, now: dt.datetime | None = None) -> int:
     for schedule in ExportSchedule.objects.filter(is_active=True, account__is_active=True).select_related(
         "account", "requested_by"
     ):
-        start, end = schedule_period(schedule, now)
-        if day_bounds(start, end)[1] > now:
-            # An export's dates are UTC days (sources.day_bounds): east of UTC, the local run time
-            # can come before the period's last UTC day is over, and an export requested now would
-            # miss the rest of it for good (its key makes it the period's only export). A later
-            # tick, once the period is over, requests it.
-            continue
         try:
-            _, was_created = export_request(
-                account_slug=schedule.account.slug, user=schedule.requested_by, start=start, end=end,
-                fmt=schedule.format, source=schedule.source,
-                idempotency_key=f"schedule-{schedule.pk}-{start.isoformat()}",
-            )
-        except ExportRequestError as exc:
-            logger.warning("recurring export refused", extra={"schedule": schedule.pk, "code": exc.code})
-            continue
-        created += was_created
+            created += _run_schedule(schedule, now)
+        except Exception as exc:  # one bad schedule (a zone, a requester) never stops the others
+            error_class, message = describe_error(exc)
+            logger.error("recurring export failed", extra={"schedule": schedule.pk, "account": schedule.account_id,
+                                                           "error_class": error_class, "error": message})
     return created
+
+
+def _run_schedule(schedule: ExportSchedule, now: dt.datetime) -> int:
+    try:
+        start, end = schedule_period(schedule, now)
+    except (ZoneInfoNotFoundError, ValueError):
+        logger.warning("recurring export skipped: unknown time zone",
+                       extra={"schedule": schedule.pk, "account": schedule.account_id})
+        return 0
+    if day_bounds(start, end)[1] > now:
+        # An export's dates are UTC days (sources.day_bounds): east of UTC, the local run time
+        # can come before the period's last UTC day is over, and an export requested now would
+        # miss the rest of it for good (its key makes it the period's only export). A later
+        # tick, once the period is over, requests it.
+        return 0
+    try:
+        _, was_created = export_request(
+            account_slug=schedule.account.slug, user=schedule.requested_by, start=start, end=end,
+            fmt=schedule.format, source=schedule.source,
+            idempotency_key=f"schedule-{schedule.pk}-{start.isoformat()}",
+        )
+    except ExportRequestError as exc:
+        logger.warning("recurring export refused", extra={"schedule": schedule.pk, "code": exc.code})
+        return 0
+    return int(was_created)

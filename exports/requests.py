@@ -8,7 +8,7 @@ from django.db import IntegrityError, transaction
 from budgets.models import Account
 from budgets.tenancy import can_export, membership_of
 from exports.models import ExportFormat, ExportRecord
-from exports.sources import SOURCES, day_bounds, get_source
+from exports.sources import EARLIEST_DATE, LATEST_DATE, SOURCES, day_bounds, get_source
 from scheduling.runtime import enqueue_on_commit
 
 logger = logging.getLogger("fairshare.exports")
@@ -56,6 +56,8 @@ def _checked_account(*, account_slug: str, user, start: dt.date, end: dt.date, f
         raise ExportRequestError("unsupported_format", f"Unsupported format {fmt!r}; supported: {', '.join(ExportFormat.values)}.")
     if source not in SOURCES:
         raise ExportRequestError("unknown_source", f"Unknown source {source!r}; known: {', '.join(sorted(SOURCES))}.")
+    if not (EARLIEST_DATE <= start <= LATEST_DATE and EARLIEST_DATE <= end <= LATEST_DATE):
+        raise ExportRequestError("date_out_of_range", f"Dates must lie from {EARLIEST_DATE} to {LATEST_DATE}.")
     if start > end:
         raise ExportRequestError("invalid_range", "The start date is after the end date.")
     max_days = settings.FAIRSHARE["EXPORT_MAX_RANGE_DAYS"]

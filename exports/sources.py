@@ -126,6 +126,12 @@ def get_source(name: str) -> ExportSource:
         raise UnknownSource(f"unknown export source {name!r}; known: {', '.join(sorted(SOURCES))}") from None
 
 
+# The dates an export may cover: any day a report can hold, far enough from the calendar's ends
+# that the day arithmetic (`end + 1 day`, ranges, local periods) cannot overflow.
+EARLIEST_DATE = dt.date(1970, 1, 1)
+LATEST_DATE = dt.date(2999, 12, 31)
+
+
 def day_bounds(start: dt.date, end: dt.date) -> tuple[dt.datetime, dt.datetime]:
     """Inclusive UTC dates -> the half-open instant range [start 00:00, day after end 00:00)."""
     since = dt.datetime.combine(start, dt.time.min, tzinfo=dt.UTC)

@@ -1,6 +1,6 @@
 """Where export files live: Django's `STORAGES["exports"]` (local files or S3), how a publish is
 made recognisable to a later attempt (the manifest), and how files are handed to a downloader
-(a signed, expiring URL either way)."""
+(a signed, single-use, expiring link to our own view, whatever the storage)."""
 import contextlib
 import hashlib
 import io
@@ -179,22 +179,19 @@ def delete(*, key: str) -> None:
     storage.delete(key)
 
 
-def download_url(*, export_id: UUID, key: str, user_id: int) -> str:
-    """A URL for this user that stops working after EXPORT_DOWNLOAD_TTL_S seconds."""
-    ttl = settings.FAIRSHARE["EXPORT_DOWNLOAD_TTL_S"]
-    storage = export_storage()
-    if isinstance(storage, FileSystemStorage):
-        token = signing.dumps({"e": str(export_id), "u": user_id}, salt=DOWNLOAD_SALT, compress=True)
-        return reverse("exports:file", kwargs={"token": token})
-    # S3: a presigned URL (django-storages' `expire`), served as an attachment.
-    return storage.url(
-        key,
-        parameters={"ResponseContentDisposition": f'attachment; filename="{export_id}.csv"'},
-        expire=ttl,
-    )
+def download_url(*, export_id: UUID, user_id: int) -> str:
+    """A link for this user that works once, within EXPORT_DOWNLOAD_TTL_S seconds (local files
+    and S3 alike: the file streams through `exports.views.export_file`, so no bearer URL - an S3
+    presigned one - ever leaves the application; see docs/architecture.md "Downloads")."""
+    from exports.models import DownloadGrant
+
+    grant = DownloadGrant.objects.create(export_id=export_id, user_id=user_id)
+    token = signing.dumps({"g": str(grant.pk)}, salt=DOWNLOAD_SALT, compress=True)
+    return reverse("exports:file", kwargs={"token": token})
 
 
-def read_download_token(token: str) -> tuple[UUID, int]:
-    """Raises signing.BadSignature (incl. SignatureExpired) for a forged or stale link."""
+def read_download_token(token: str) -> UUID:
+    """The grant a link names. Raises signing.BadSignature (incl. SignatureExpired) for a forged or
+    stale link."""
     data = signing.loads(token, salt=DOWNLOAD_SALT, max_age=settings.FAIRSHARE["EXPORT_DOWNLOAD_TTL_S"])
-    return UUID(data["e"]), int(data["u"])
+    return UUID(data["g"])

@@ -28,15 +28,18 @@ class SchedulingConfig(AppConfig):
         # Deploys run `migrate`: the declared schedules follow the code that declares them.
         post_migrate.connect(_sync_schedules, sender=self, dispatch_uid="fairshare.sync_schedules")
 
-        from django_q.signals import post_spawn
+        from django_q.signals import post_execute_in_worker, post_spawn
 
         from scheduling.pulse import start_pulse
+        from scheduling.runtime import redact_failed_result
 
         post_spawn.connect(start_pulse, dispatch_uid="fairshare.pulse")
+        post_execute_in_worker.connect(redact_failed_result, dispatch_uid="fairshare.redact_result")
 
         # Invariants between settings; `qcluster` runs them too (an Error stops it).
         from scheduling import checks as kernel_checks
 
         for check in (kernel_checks.check_clusters, kernel_checks.check_pulse, kernel_checks.check_stall_threshold,
-                      kernel_checks.check_metrics_networks, kernel_checks.check_envelope_version):
+                      kernel_checks.check_metrics_networks, kernel_checks.check_logging_redacts,
+                      kernel_checks.check_envelope_version):
             checks.register(check, "fairshare")

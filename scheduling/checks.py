@@ -86,6 +86,28 @@ def check_metrics_networks(app_configs=None, **kwargs) -> list[checks.CheckMessa
     return errors
 
 
+def check_logging_redacts(app_configs=None, **kwargs) -> list[checks.CheckMessage]:
+    """Every log handler a logging configuration installed (LOGGING, Django's DEFAULT_LOGGING:
+    dictConfig names them) redacts (SPEC §5: no credential in a log line). Unnamed handlers are
+    a program's own, attached at run time (a test runner's capture, for one)."""
+    import logging
+
+    from scheduling.redaction import RedactingFilter
+
+    loggers = [logging.getLogger()] + [logging.getLogger(name) for name in list(logging.root.manager.loggerDict)]
+    bare = sorted({
+        f"{logger.name or 'root'}: {handler.name}"
+        for logger in loggers for handler in getattr(logger, "handlers", [])
+        if handler.name and not isinstance(handler, logging.NullHandler)
+        and not any(isinstance(f, RedactingFilter) for f in handler.filters)
+    })
+    if not bare:
+        return []
+    return [checks.Error(
+        f"Log handlers without redaction: {', '.join(bare)}.",
+        hint='Add "filters": ["redact"] to the handler in LOGGING (config/settings.py).', id="scheduling.E006")]
+
+
 def check_envelope_version(app_configs=None, **kwargs) -> list[checks.CheckMessage]:
     """Producers send a version this code can build: 1 up to the newest it speaks."""
     sent, newest = settings.FAIRSHARE["ENVELOPE_VERSION"], known_version()
@@ -94,5 +116,5 @@ def check_envelope_version(app_configs=None, **kwargs) -> list[checks.CheckMessa
             f'FAIRSHARE["ENVELOPE_VERSION"] is {sent}: this code speaks envelope versions 1 to {newest}.',
             hint="Unset FAIRSHARE_ENVELOPE_VERSION (the newest), or pin the version the oldest worker still "
                  "running speaks during a rolling upgrade (docs/deploy.md).",
-            id="scheduling.E006")]
+            id="scheduling.E007")]
     return []

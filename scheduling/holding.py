@@ -110,7 +110,8 @@ def _send_back(held: list[DeferredTask]) -> None:
     for task in held:
         # Sent straight to the broker: admission checks it again when it starts.
         if task.message is not None:  # a parked message goes back as it came
-            message, queue, name = task.message, task.queue, f"{task.job}:{task.ref}"
-            transaction.on_commit(lambda m=message, q=queue, n=name: send_message(m, queue=q, name=n))
+            message, queue, name, account = task.message, task.queue, f"{task.job}:{task.ref}", task.account_id
+            transaction.on_commit(
+                lambda m=message, q=queue, n=name, a=account: send_message(m, queue=q, name=n, account=a))
         else:
             send_on_commit(job=task.job, account=task.account_id, ref=task.ref)

@@ -68,9 +68,12 @@ class RunRecordingMiddleware:
         except Exception as exc:
             error = exc
         except BaseException as exc:
-            # django-q2's timeout (a SystemExit) or a shutdown: record, then let it through.
+            # django-q2's time limit (TimeoutException, a SystemExit raised by SIGALRM) or a
+            # shutdown: record it here, redacted, then let through only a bare exception of the
+            # same kind. django-q2 stores and logs `traceback.format_exc()`, which would carry the
+            # text of the exception this one interrupted (`from None` drops the chain).
             self._finish(ctx, exc)
-            raise
+            raise _bare(exc) from None
         self._finish(ctx, error)
 
     def _finish(self, ctx, error: BaseException | None) -> None:
@@ -90,6 +93,20 @@ class RunRecordingMiddleware:
                 "cpu_ms": ctx.meter.cpu_ms, "wall_ms": ctx.meter.wall_ms,
             },
         )
+
+
+def _bare(exc: BaseException) -> BaseException:
+    """An exception of `exc`'s kind that carries no text from the job: what django-q2 may see."""
+    from django_q.exceptions import TimeoutException
+
+    if isinstance(exc, TimeoutException):
+        # Still a TimeoutException: django-q2 then replaces this worker process, as it should.
+        return TimeoutException("the task hit its time limit (recorded in its task run)")
+    if isinstance(exc, SystemExit):
+        return SystemExit(exc.code if isinstance(exc.code, int) else 1)
+    if isinstance(exc, KeyboardInterrupt):
+        return KeyboardInterrupt()
+    return exc
 
 
 class RetryMiddleware:

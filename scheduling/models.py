@@ -1,3 +1,4 @@
+from django.conf import settings
 from django.db import models
 
 
@@ -59,6 +60,8 @@ class DeferReason(models.TextChoices):
     BUDGET_RESERVED = "budget_reserved", "Remaining budget reserved by running jobs"
     RETRY_BACKOFF = "retry_backoff", "Waiting to retry"
     QUEUED_BEHIND = "queued_behind", "Queued behind the account's held work"
+    # An operator paused the account or the queue (scheduling.pausing); resuming releases it.
+    PAUSED = "paused", "Paused by an operator"
     # Released (dispatched) but its message never started within the dispatch lease: sent again.
     MESSAGE_LOST = "message_lost", "Its message was lost: to be sent again"
     # Rolling upgrade: the message's envelope version is newer than the worker that got it speaks.
@@ -138,3 +141,25 @@ class WorkerHeartbeat(models.Model):
 
     def __str__(self) -> str:
         return f"{self.worker} ({self.queue})"
+
+
+class Pause(models.Model):
+    """An operator's pause (scheduling.pausing): of one account (on every queue, `queue` empty),
+    or of a whole queue (every account's work, `account` empty). Its work waits in the holding
+    area with reason "paused" until the pause is lifted."""
+
+    account = models.ForeignKey("budgets.Account", null=True, blank=True, on_delete=models.CASCADE, related_name="+")
+    queue = models.CharField(max_length=40, blank=True)
+    paused_by = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="+")
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(fields=["account", "queue"], nulls_distinct=False, name="pause_unique_account_queue"),
+            models.CheckConstraint(condition=~models.Q(account__isnull=True, queue=""), name="pause_names_something"),
+        ]
+
+    def __str__(self) -> str:
+        if self.account_id is None:
+            return f"queue {self.queue}"
+        return f"account {self.account}" + (f" on {self.queue}" if self.queue else "")

@@ -1,25 +1,49 @@
-"""Redaction of error text before it is stored or logged (SPEC §5: nothing sensitive at rest).
+"""Redaction of text before it is stored, logged or shown (SPEC §5: nothing sensitive at rest).
 
-Exception messages from drivers and libraries quote values freely: e-mail addresses, key values
-from constraint violations, connection strings with passwords, tokens. We keep the error class
-and the shape of the message, and replace the values.
+The one place that knows what a secret looks like. Exception messages from drivers and libraries
+quote values freely: e-mail addresses, key values from constraint violations, connection strings
+with passwords, AWS key ids, our own `fs_` API tokens. We keep the error class and the shape of
+the message, and replace the values; a word that merely names a secret ("password
+authentication failed") is kept, so the message still says what went wrong.
+
+Used by the services that store errors (`describe_error`), by the logging filter on every
+handler (`RedactingFilter`, config/settings.py) and by the admin of django-q2's own tables.
 """
+import logging
 import re
 
 MAX_LENGTH = 1000
+
+_SECRET_WORDS = r"password|passwd|pwd|secret|token|api[_-]?key|access[_-]?key|private[_-]?key|credentials?|" \
+                r"authorization|signature|sig"
+# A value written after a secret's name with only a space between ("password hunter2") is taken
+# for the secret only when it looks like one: a digit or a symbol in it, or long. A plain word
+# ("password authentication failed", "token expired") is the message, not the secret.
+_CREDENTIAL_LIKE = r"(?=\S*[\d_/+=.~!$%^&*-])\S{4,}|\S{24,}"
+
+_DOTTED_PATH = re.compile(r"'[a-z_][a-z0-9_]*(?:\.[a-z_][a-z0-9_]*)+'")
 
 _PATTERNS = [
     # scheme://user:password@host -> scheme://***@host
     # (Bounded scheme length: unbounded, a long run of letters made this quadratic.)
     (re.compile(r"([a-z][a-z0-9+.-]{0,40}://)[^\s/@]+@", re.I), r"\1***@"),
-    # password=..., token: ..., secret ..., api_key=..., Authorization: Bearer ... (the scheme word
-    # is consumed with the value: replacing only "Bearer" would leave the credential behind).
-    (re.compile(r"\b(password|passwd|pwd|secret|token|api[_-]?key|authorization|signature|sig)\b(\s*[=:]\s*|\s+)"
-                r"(?:(?:Bearer|Basic|Token|Digest)\s+)?\S+", re.I), r"\1\2***"),
-    # The same inside a longer name, when assigned: access_token=…, DB_PASSWORD=…, client_secret: …
-    (re.compile(r"\b([\w-]{0,40}?(?:password|passwd|secret|token|api[_-]?key|signature)[\w-]{0,40})(\s*[=:]\s*)\S+",
-                re.I), r"\1\2***"),
-    (re.compile(r"\bBearer\s+\S+", re.I), "Bearer ***"),
+    # Authorization: Bearer … / Basic … - the scheme word is consumed with the value: replacing
+    # only "Bearer" would leave the credential behind.
+    # (A value with no digit or symbol is a word: "basic authentication failed" keeps its meaning.)
+    (re.compile(r"\b(Bearer|Basic|Digest)\s+(?=[A-Za-z0-9._~+/=-]*[\d+/=._-])[A-Za-z0-9._~+/=-]{6,}", re.I),
+     r"\1 ***"),
+    # password=..., "token": "...", secret: ..., api_key=..., also inside a longer name when
+    # assigned: access_token=…, DB_PASSWORD=…, client_secret: …, aws_secret_access_key=…
+    (re.compile(rf"\b([\w-]{{0,40}}?(?:{_SECRET_WORDS})[\w-]{{0,40}}[\"']?)(\s*[=:]\s*)[\"']?"
+                r"(?:(?:Bearer|Basic|Token|Digest)\s+)?[^\s\"',;&)]+[\"']?", re.I), r"\1\2***"),
+    # password hunter2 (no = or :): only a credential-like value, see _CREDENTIAL_LIKE.
+    (re.compile(rf"\b({_SECRET_WORDS})(\s+)(?:{_CREDENTIAL_LIKE})", re.I), r"\1\2***"),
+    # AWS access key ids (long-term AKIA…, temporary ASIA…, and the other IAM id kinds).
+    (re.compile(r"\b(AKIA|ASIA|AIDA|AROA|AGPA|ANPA|ANVA|ABIA|ACCA)[A-Z0-9]{12,}\b"), r"\1***"),
+    # Fairshare API tokens (budgets.models.ApiToken.PREFIX), wherever they appear.
+    (re.compile(r"\bfs_[A-Za-z0-9_-]{6,}"), "fs_***"),
+    # Signed download links (exports/urls.py "file"): a path that is itself a credential.
+    (re.compile(r"(/exports/file/)[^\s/?\"']+"), r"\1***"),
     # PostgreSQL constraint details: Key (email)=(a@b.c) -> Key (email)=(***)
     (re.compile(r"\)=\((.*?)\)(?=[ .,;]|$)"), ")=(***)"),
     # Check and not-null violations quote the whole row: DETAIL:  Failing row contains (…).
@@ -29,8 +53,8 @@ _PATTERNS = [
     (re.compile(r'(:\s*)"[^"\n]*"(?=\s*(?:\n|$))'), r'\1"***"'),
     # (A local part has at most 64 characters; unbounded, a long digit run made this quadratic.)
     (re.compile(r"[\w.+-]{1,64}@[\w-]+(\.[\w-]+)+"), "***@***"),
-    # Quoted literals can be customer values.
-    (re.compile(r"'[^'\n]{1,500}'"), "'***'"),
+    # Quoted literals can be customer values (not a quoted dotted Python path: 'scheduling.runtime.execute').
+    (re.compile(r"'[^'\n]{1,500}'"), lambda m: m[0] if _DOTTED_PATH.fullmatch(m[0]) else "'***'"),
     # Long digit runs: card numbers, phone numbers, account numbers.
     # (Not a segment of a UUID - an export id - that happens to be all digits.)
     (re.compile(r"\b(?<![0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-)\d{7,}\b"
@@ -45,16 +69,18 @@ _PATTERNS = [
 MAX_INPUT_LENGTH = 4 * MAX_LENGTH
 
 
-def redact(text: str) -> str:
-    truncated = len(text) > MAX_INPUT_LENGTH
+def redact(text: str, *, max_length: int = MAX_LENGTH) -> str:
+    """`text` without its sensitive values, at most `max_length` characters (cut ones end in …)."""
+    text = str(text)
+    truncated = len(text) > 4 * max_length
     if truncated:
-        head = text[:MAX_INPUT_LENGTH]
+        head = text[: 4 * max_length]
         cut = max(head.rfind(" "), head.rfind("\n"))
         text = head[:cut] if cut > 0 else head
     for pattern, replacement in _PATTERNS:
         text = pattern.sub(replacement, text)
-    if truncated or len(text) > MAX_LENGTH:
-        text = text[: MAX_LENGTH - 1] + "…"
+    if truncated or len(text) > max_length:
+        text = text[: max_length - 1] + "…"
     return text
 
 
@@ -63,3 +89,31 @@ def describe_error(exc: BaseException) -> tuple[str, str]:
     cls = type(exc)
     name = cls.__name__ if cls.__module__ == "builtins" else f"{cls.__module__}.{cls.__qualname__}"
     return name[:200], redact(str(exc) or name)
+
+
+# A log line may carry a traceback: allow more of it than a stored error message.
+LOG_MAX_LENGTH = 8 * MAX_LENGTH
+
+
+class RedactingFilter(logging.Filter):
+    """On every handler (text and JSON): the message, its arguments, string `extra` values and
+    the formatted traceback pass through `redact` before any formatter sees them."""
+
+    _formatter = logging.Formatter()
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        record.msg = redact(record.getMessage(), max_length=LOG_MAX_LENGTH)
+        record.args = None
+        for key, value in list(vars(record).items()):
+            if key not in _RECORD_FIELDS and isinstance(value, str):
+                setattr(record, key, redact(value, max_length=LOG_MAX_LENGTH))
+        if record.exc_info and not record.exc_text:
+            record.exc_text = self._formatter.formatException(record.exc_info)
+        if record.exc_text:
+            record.exc_text = redact(record.exc_text, max_length=LOG_MAX_LENGTH)
+        if record.stack_info:
+            record.stack_info = redact(record.stack_info, max_length=LOG_MAX_LENGTH)
+        return True
+
+
+_RECORD_FIELDS = set(vars(logging.LogRecord("", 0, "", 0, "", (), None))) | {"message", "asctime"}

@@ -19,9 +19,12 @@ from django_q.tasks import async_task
 from scheduling.envelope import Envelope
 from scheduling.metering import Meter
 from scheduling.models import TaskRun
+from scheduling.redaction import LOG_MAX_LENGTH, redact
 from scheduling.registry import Job, get_job
 
 RUNNER = "scheduling.runtime.execute"
+# django-q2's group of an account's task: its task rows are scoped by it in the admin.
+ACCOUNT_GROUP = "account-{}"
 T = TypeVar("T")
 
 
@@ -62,12 +65,13 @@ def send(*, job: str, account: int | None, ref: str) -> str:
     version FAIRSHARE["ENVELOPE_VERSION"] names (pinned during a rolling upgrade, docs/deploy.md)."""
     spec = get_job(job)
     envelope = Envelope(job=spec.name, account=account, ref=str(ref), v=settings.FAIRSHARE["ENVELOPE_VERSION"])
-    return send_message(envelope.to_message(), queue=spec.queue, name=f"{spec.name}:{ref}")
+    return send_message(envelope.to_message(), queue=spec.queue, name=f"{spec.name}:{ref}", account=account)
 
 
-def send_message(message: Any, *, queue: str, name: str) -> str:
+def send_message(message: Any, *, queue: str, name: str, account: int | None) -> str:
     """Put a message in a queue as it is (a parked message of a newer version goes back unchanged)."""
-    return async_task(RUNNER, message, cluster=queue, task_name=name[:100])
+    group = {"group": ACCOUNT_GROUP.format(account)} if account is not None else {}
+    return async_task(RUNNER, message, cluster=queue, task_name=name[:100], **group)
 
 
 def send_on_commit(*, job: str, account: int | None, ref: str) -> None:
@@ -188,6 +192,14 @@ def _chain() -> TaskCall:
     for path in reversed(settings.FAIRSHARE["TASK_MIDDLEWARE"]):
         call = import_string(path)(call)
     return call
+
+
+def redact_failed_result(sender, task: dict, **kwargs) -> None:
+    """django-q2's post_execute_in_worker signal: a failed task's result is its exception text
+    and traceback, which django-q2 stores (Failure) and logs. Redacted before it leaves the worker,
+    whatever raised it (the task middleware already lets no raw text through; this is the net)."""
+    if not task.get("success") and isinstance(task.get("result"), str):
+        task["result"] = redact(task["result"], max_length=LOG_MAX_LENGTH)
 
 
 def execute(message: Any) -> None:

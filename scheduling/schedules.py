@@ -38,6 +38,7 @@ SCHEDULES: tuple[CronSchedule, ...] = (
     CronSchedule("reconcile-exports", "exports.reconcile", "* * * * *"),
     CronSchedule("recurring-exports", "exports.run_schedules", "* * * * *"),
     CronSchedule("purge-expired-exports", "exports.purge_expired", "17 * * * *"),
+    CronSchedule("end-budget-adjustments", "budgets.end_adjustments", "1 * * * *"),
     CronSchedule("rollup-task-runs", "scheduling.rollup_task_runs", "23 3 * * *"),
     CronSchedule("prune-django-q", "scheduling.prune_django_q", "41 3 * * *"),
 )

@@ -102,8 +102,12 @@ def task_runs_sweep_lost() -> int:
 
 
 def retries_so_far(*, job: str, ref: str) -> int:
-    """How many runs of this job and ref already failed transiently and were scheduled again."""
-    return TaskRun.objects.filter(job=job, ref=ref, outcome=Outcome.RETRYING).count()
+    """How many runs of this job and ref already failed transiently and were scheduled again,
+    since it last failed for good or was cancelled: an operator's retry starts a fresh series."""
+    runs = TaskRun.objects.filter(job=job, ref=ref)
+    retrying = runs.filter(outcome=Outcome.RETRYING)
+    ended = runs.filter(outcome__in=[Outcome.FAILED, Outcome.CANCELLED]).order_by("-started_at").first()
+    return (retrying.filter(started_at__gt=ended.started_at) if ended else retrying).count()
 
 
 # --- Maintenance -----------------------------------------------------------------------------

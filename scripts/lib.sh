@@ -188,6 +188,30 @@ ensure_redis() {
 }
 
 # ---------------------------------------------------------------------------
+# ensure_chromium
+#   The browser test drives Debian's chromium (/usr/bin/chromium) through Playwright: Playwright's
+#   own browser download cannot work on these machines. Installs it with apt-get when it is
+#   missing and we are root (CI is); otherwise says why the browser test will skip.
+# ---------------------------------------------------------------------------
+ensure_chromium() {
+  [[ -x /usr/bin/chromium ]] && return 0
+  if [[ "$(id -u)" -ne 0 ]] || ! command -v apt-get >/dev/null 2>&1; then
+    log "no /usr/bin/chromium, and installing it needs root and apt-get: the browser test will skip"
+    return 0
+  fi
+  log "installing Debian's chromium for the browser test (apt-get)"
+  local out
+  out="$(mktemp)"
+  if { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq -o DPkg::Lock::Timeout=300 chromium; } >"$out" 2>&1; then
+    log "chromium installed"
+  else
+    tail -n 20 "$out" >&2
+    log "could not install chromium (see above): the browser test will skip"
+  fi
+  rm -f "$out"
+}
+
+# ---------------------------------------------------------------------------
 # ensure_s3
 #   Starts moto's standalone S3 server (requirements-dev.txt: moto[server]) on a
 #   free loopback port, exports FAIRSHARE_TEST_S3_ENDPOINT_URL, and stops it (by

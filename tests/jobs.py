@@ -3,6 +3,7 @@
 The envelope carries identifiers only, so a test job reads its parameter from its ref:
 "<milliseconds>/<unique id>".
 """
+import logging
 import os
 import time
 
@@ -63,3 +64,55 @@ def drop_connection(ctx) -> None:
     """Fails the way a dropped database connection fails: its server process is terminated."""
     with connection.cursor() as cursor:
         cursor.execute("SELECT pg_terminate_backend(pg_backend_pid())")
+
+
+# --- Planted secrets (tests/test_planted_secrets.py) -------------------------------------------
+# Each kind of secret a failure may quote, in the words a real library would use; `PLANTED` is the
+# part that must never be stored, logged or shown, `MEANING` what the redacted message still says.
+SECRETS = {
+    "dsn": "could not connect to postgres://app:Dsn-pa55word@db.internal:5432/prod",
+    "aws-key-id": "The AWS Access Key Id AKIAIOSFODNN7EXAMPLE you provided does not exist in our records",
+    "aws-session": "ExpiredToken: the security token for ASIAY34FZKBOKMUTVV7A has expired",
+    "api-token": "upstream rejected fs_PlantedToken1234567890abcdef as unknown",
+    "bearer": "401 Unauthorized for Authorization: Bearer eyJhbGciOiJIUzI1NiJ9.cGxhbnRlZA.c2lnbmF0dXJl",
+    "key-named": "config loaded with stripe_secret_key=sk_live_PlantedSecret99 from the environment",
+    "card": "card 4111 1111 1111 1111 declined by the issuer",
+    "email": "could not notify planted.person@example.com about the report",
+    "pg-auth": 'password authentication failed for user "app" (password=Pg-pa55word)',
+}
+PLANTED = ["Dsn-pa55word", "AKIAIOSFODNN7EXAMPLE", "ASIAY34FZKBOKMUTVV7A", "fs_PlantedToken1234567890abcdef",
+           "eyJhbGciOiJIUzI1NiJ9.cGxhbnRlZA.c2lnbmF0dXJl", "sk_live_PlantedSecret99", "4111 1111 1111 1111",
+           "planted.person@example.com", "Pg-pa55word"]
+MEANING = {
+    "dsn": "could not connect to postgres://***@db.internal:5432/prod",
+    "aws-key-id": "you provided does not exist in our records",
+    "aws-session": "has expired",
+    "api-token": "upstream rejected fs_*** as unknown",
+    "bearer": "401 Unauthorized",
+    "key-named": "from the environment",
+    "card": "declined by the issuer",
+    "email": "could not notify ***@*** about the report",
+    "pg-auth": "password authentication failed for user",
+}
+_leak_log = logging.getLogger("fairshare.tests.leak")
+
+
+@job("tests.leak", cpu_estimate_ms=10)
+def leak(ctx) -> None:
+    """Logs and raises the secret its ref names ("<kind>/<id>"), chained to another one."""
+    kind = ctx.envelope.ref.split("/", 1)[0]
+    _leak_log.error("calling upstream failed: %s", SECRETS[kind])
+    try:
+        raise KeyError(SECRETS["dsn"])
+    except KeyError:
+        _leak_log.exception("while handling %s", SECRETS[kind])
+        raise RuntimeError(SECRETS[kind]) from ValueError(SECRETS["pg-auth"])
+
+
+@job("tests.leak_timeout", cpu_estimate_ms=10)
+def leak_timeout(ctx) -> None:
+    """Hits the task time limit while handling an exception that quotes every secret."""
+    try:
+        raise ConnectionError(" / ".join(SECRETS.values()))
+    except ConnectionError:
+        time.sleep(_ms(ctx) / 1000)  # django-q2's SIGALRM lands here

@@ -61,3 +61,14 @@ class GatedStorage(FileSystemStorage):
         while gate and not os.path.exists(gate) and time.monotonic() < deadline:
             time.sleep(0.05)
         return super()._save(name, content)
+
+
+class LeakyS3Storage(FileSystemStorage):
+    """Local storage that refuses every save the way an S3 client with a bad key id does, quoting
+    the key id, the endpoint's credentials and an API token in its error text."""
+
+    def _save(self, name, content):
+        raise PermissionError(
+            "An error occurred (InvalidAccessKeyId) when calling the PutObject operation: The AWS Access Key Id "
+            "AKIAIOSFODNN7EXAMPLE you provided does not exist in our records (endpoint "
+            "https://exports:Dsn-pa55word@s3.internal; caller fs_PlantedToken1234567890abcdef)")

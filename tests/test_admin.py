@@ -52,4 +52,5 @@ def test_staff_operator_sees_only_their_accounts_exports(client, export, account
     client.force_login(operator)
     page = client.get("/admin/exports/exportrecord/").content.decode()
     assert str(export.pk) in page and str(other.pk) not in page
-    assert client.get(reverse("admin:exports_exportrecord_change", args=[other.pk])).status_code == 302
+    # Another account's export is a 404, exactly like a missing one (issue 11: it was a redirect).
+    assert client.get(reverse("admin:exports_exportrecord_change", args=[other.pk])).status_code == 404

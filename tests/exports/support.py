@@ -11,12 +11,13 @@ import pytest
 from django.test import Client
 from django.utils import timezone
 
-from budgets.models import ApiToken
+from budgets.models import ApiToken, Membership
 from exports.models import ExportRecord, ExportStatus
 from exports.requests import BUILD_JOB
 from exports.sample_data import add_activity
 from scheduling.models import Outcome, TaskRun
 from tests.conftest import wait_for
+from tests.factories import AccountFactory
 from tests.stores import LocalStore, S3Store
 
 # Every test exports March 2026 of the account "acme".
@@ -29,9 +30,13 @@ def add_events(account, count: int) -> None:
     add_activity(account, count, since=dt.datetime(2026, 3, 1, 0, 0, 1, tzinfo=dt.UTC), span_s=count, numbered=True)
 
 
-def bearer(user) -> dict:
-    """Request headers that authenticate as `user` with a fresh API token."""
-    _, raw = ApiToken.issue(user=user, name="test")
+def bearer(user, account=None) -> dict:
+    """Request headers that authenticate as `user` with a fresh API token for `account` (default:
+    the user's first account)."""
+    if account is None:
+        first = Membership.objects.filter(user=user).order_by("pk").first()
+        account = first.account if first else AccountFactory(slug=f"{user.username}-own")
+    _, raw = ApiToken.issue(user=user, account=account, name="test")
     return {"HTTP_AUTHORIZATION": f"Bearer {raw}"}
 
 

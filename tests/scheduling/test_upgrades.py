@@ -4,10 +4,13 @@ speaks it is up. Producers send FAIRSHARE["ENVELOPE_VERSION"]."""
 import pytest
 from django_q.tasks import async_task
 
+from budgets.models import Role
 from scheduling import holding
+from scheduling.actions import release_held
 from scheduling.models import DeferReason, DeferredTask, Outcome, TaskRun
 from scheduling.runtime import RUNNER, execute, send
 from tests.conftest import fairshare_checks, wait_for
+from tests.factories import MembershipFactory, UserFactory
 
 pytestmark = pytest.mark.django_db
 
@@ -26,7 +29,7 @@ def speaks(settings, version: int) -> None:
 def sent(monkeypatch):
     """What the holding area sends back to the broker (message, queue), instead of sending it."""
     messages = []
-    monkeypatch.setattr(holding, "send_message", lambda message, *, queue, name: messages.append((message, queue)))
+    monkeypatch.setattr(holding, "send_message", lambda message, *, queue, name, account: messages.append((message, queue)))
     return messages
 
 
@@ -99,7 +102,7 @@ def test_producers_send_the_configured_envelope_version(settings, monkeypatch):
 def test_a_producer_cannot_be_told_to_send_a_version_it_does_not_speak(settings):
     settings.FAIRSHARE = {**settings.FAIRSHARE, "ENVELOPE_VERSION": NEWER}
 
-    assert [check_id for check_id, _ in fairshare_checks()] == ["scheduling.E006"]
+    assert [check_id for check_id, _ in fairshare_checks()] == ["scheduling.E007"]
 
 
 @pytest.mark.processes
@@ -141,3 +144,15 @@ def test_schedules_are_stored_with_the_configured_envelope_version(settings):
 
     assert counts["updated"] == Schedule.objects.count() > 0
     assert all(f"'v': {NEWER}," in row.args for row in Schedule.objects.all())
+
+
+def test_an_operator_release_of_parked_work_says_it_needs_a_newer_worker(account):
+    operator = MembershipFactory(account=account, user=UserFactory(username="acme-operator", is_staff=True),
+                                 role=Role.OPERATOR).user
+    execute(v2("tests.noop", account.pk, "r-1"))
+    parked = DeferredTask.objects.get()
+
+    [result] = release_held(user=operator, deferred_ids=[parked.pk])
+
+    assert not result.ok and "needs a worker that speaks envelope v2" in result.message
+    assert DeferredTask.objects.filter(pk=parked.pk).exists()  # still parked, not lost

@@ -87,5 +87,5 @@ class Command(BaseCommand):
         owner = get_user_model().objects.get(username="acme-owner")
         if ApiToken.objects.filter(user=owner, name="demo").exists():
             return "  API token for acme-owner: issued on an earlier run (create another in the admin)"
-        _, raw = ApiToken.issue(user=owner, name="demo")
+        _, raw = ApiToken.issue(user=owner, account=Account.objects.get(slug="acme"), name="demo")
         return f"  API token for acme-owner (shown once): {raw}"

@@ -1,0 +1,171 @@
+"""The operator console in a real browser: Debian's chromium driven by Playwright, against a live
+server and a real exports `qcluster`. An operator logs in, opens a failed export and sees its
+redacted error, retries it and sees it succeed, pauses an account and sees its new work held with
+that reason, resumes it and sees the work run, and runs a recurring export now. The dashboard's
+screenshot is kept: the test's tmp dir and var/test-artifacts/console-dashboard.png.
+
+scripts/test installs Playwright's package (requirements-dev.txt) and, as root, Debian's chromium;
+Playwright's own browser download cannot work here. Without either, this test skips and says why.
+"""
+import shutil
+from pathlib import Path
+
+import pytest
+from django.contrib.auth.models import Permission
+from django.db import connections
+
+from budgets.models import Role
+from exports import build
+from exports.models import ExportRecord, ExportSchedule, ExportStatus
+from exports.requests import BUILD_JOB, export_request
+from scheduling.envelope import Envelope
+from scheduling.models import DeferReason, DeferredTask
+from scheduling.runtime import execute
+from tests.conftest import REPO
+from tests.exports.support import RANGE, add_events, notifications, stored_files, wait_finished
+from tests.factories import MembershipFactory, UserFactory
+
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.processes]
+
+CHROMIUM = "/usr/bin/chromium"
+LAUNCH_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+               "--disable-background-networking", "--disable-component-update", "--disable-sync"]
+PASSWORD = "console-test-password"
+ARTIFACTS = REPO / "var" / "test-artifacts"
+# In the error, what the stored copy must not show: a card number and a connection string's password.
+LEAKY = "could not complete export for card 4111 1111 1111 1111 at postgres://app:s3cr3t@db.internal/fs"
+
+sync_api = pytest.importorskip("playwright.sync_api", reason="Playwright's Python package is not installed "
+                               "(scripts/test installs it from requirements-dev.txt)")
+if not Path(CHROMIUM).exists():
+    pytest.skip(f"no {CHROMIUM}: scripts/test installs Debian's chromium with apt-get when run as root",
+                allow_module_level=True)
+
+
+@pytest.fixture
+def browser(monkeypatch):
+    # Playwright's sync API runs an event loop in this thread; the test's own ORM calls are
+    # synchronous and safe, but Django refuses them inside a running loop unless told.
+    monkeypatch.setenv("DJANGO_ALLOW_ASYNC_UNSAFE", "true")
+    with sync_api.sync_playwright() as playwright:
+        chromium = playwright.chromium.launch(executable_path=CHROMIUM, args=LAUNCH_ARGS)
+        yield chromium
+        chromium.close()
+        # Inside the loop Django's connection handler (context-local) gave the test its own
+        # connections: close them, or the test database cannot be dropped at the end.
+        connections.close_all()
+
+
+class Console:
+    """One signed-in admin session."""
+
+    def __init__(self, browser, base_url: str, username: str):
+        self.page = browser.new_context(viewport={"width": 1400, "height": 1000}).new_page()
+        self.base_url = base_url
+        self.page.set_default_timeout(20_000)
+        self.open("/admin/login/")
+        self.page.fill("#id_username", username)
+        self.page.fill("#id_password", PASSWORD)
+        self.page.click("input[type=submit]")
+        sync_api.expect(self.page.locator("#user-tools")).to_contain_text(username)
+
+    def open(self, path: str):
+        self.page.goto(self.base_url + path)
+        return self.page
+
+    def act(self, changelist: str, pk, action: str) -> str:
+        """Select one row of a change list, run an admin action, return the messages shown."""
+        page = self.open(changelist)
+        page.check(f'input[name="_selected_action"][value="{pk}"]')
+        page.select_option('select[name="action"]', action)
+        page.click('button[name="index"]')
+        return page.locator("ul.messagelist").inner_text()
+
+    def text(self, path: str) -> str:
+        return self.open(path).locator("#content").inner_text()
+
+
+def _operator(account):
+    user = UserFactory(username="acme-operator", is_staff=True)
+    user.set_password(PASSWORD)
+    user.save()
+    MembershipFactory(account=account, user=user, role=Role.OPERATOR)
+    user.user_permissions.add(*Permission.objects.filter(codename__in=[
+        "view_exportrecord", "view_exportattempt", "view_account", "view_deferredtask", "view_exportschedule",
+        "view_taskrun"]))
+    return user
+
+
+def _failed_after_publishing(record, monkeypatch) -> None:
+    """The export's first attempt, run here: it publishes, then fails for good with an error that
+    quotes a card number and a password."""
+    def fail(point):
+        if point == "after_publish":
+            raise RuntimeError(LEAKY)
+    with monkeypatch.context() as patch:
+        patch.setattr(build, "fault_point", fail)
+        execute(Envelope(job=BUILD_JOB, account=record.account_id, ref=str(record.pk)).to_message())
+    record.refresh_from_db()
+    assert record.status == ExportStatus.FAILED
+
+
+def test_an_operator_runs_the_console_in_a_real_browser(
+        live_server, browser, account, owner, export_root, mail_dir, start_exports, monkeypatch, tmp_path):
+    add_events(account, 150)
+    _operator(account)
+    record, _ = export_request(account_slug="acme", user=owner, **RANGE)
+    _failed_after_publishing(record, monkeypatch)
+    cluster = start_exports()
+    console = Console(browser, live_server.url, "acme-operator")
+    exports = "/admin/exports/exportrecord/"
+
+    # A failed export and its redacted error.
+    page_text = console.text(f"{exports}{record.pk}/change/")
+    assert "Failed" in page_text and "RuntimeError" in page_text
+    assert "card ***" in page_text and "postgres://***@db.internal" in page_text
+    assert "4111" not in page_text and "s3cr3t" not in page_text
+
+    # Retry: the worker completes it from the object the failed attempt published.
+    assert "queued again" in console.act(exports, record.pk, "retry")
+    wait_finished(record, cluster)
+    page_text = console.text(f"{exports}{record.pk}/change/")
+    assert record.status == ExportStatus.SUCCEEDED and "Succeeded" in page_text and "download (150 rows)" in page_text
+    assert len(stored_files(export_root)) == 2 and notifications(mail_dir, record) == 1  # one object (+ manifest)
+
+    # Pause the account: its new work waits in the holding area with that reason.
+    assert "paused" in console.act("/admin/budgets/account/", account.pk, "pause_accounts")
+    paused, _ = export_request(account_slug="acme", user=owner, start=RANGE["start"], end=RANGE["start"])
+    held = DeferredTask.objects.get(ref=str(paused.pk))
+    assert held.reason == DeferReason.PAUSED
+    holding_text = console.text("/admin/scheduling/deferredtask/")
+    assert "Paused by an operator" in holding_text and "when resumed" in holding_text
+
+    # Resume: the held export is released and runs.
+    assert "released 1 held task(s)" in console.act("/admin/budgets/account/", account.pk, "resume_accounts")
+    wait_finished(paused, cluster)
+    assert paused.status == ExportStatus.SUCCEEDED
+    assert "Succeeded" in console.text(f"{exports}{paused.pk}/change/")
+    assert console.open("/admin/scheduling/deferredtask/").locator("#result_list").count() == 0  # nothing held
+
+    # Run a recurring export now.
+    schedule = ExportSchedule.objects.create(account=account, source="activity", requested_by=owner)
+    assert "requested" in console.act("/admin/exports/exportschedule/", schedule.pk, "run_now")
+    scheduled = ExportRecord.objects.get(idempotency_key__startswith=f"schedule-{schedule.pk}-")
+    wait_finished(scheduled, cluster)
+    assert scheduled.status == ExportStatus.SUCCEEDED
+
+    # The dashboard, as a superuser sees it, kept as an artifact.
+    root = UserFactory(username="root", is_staff=True, is_superuser=True)
+    root.set_password(PASSWORD)
+    root.save()
+    admin = Console(browser, live_server.url, "root")
+    dashboard = admin.open("/admin/")
+    dashboard.click("#ops-dashboard-link a")
+    sync_api.expect(dashboard.locator("#dashboard")).to_contain_text("Throughput, last 24 h")
+    shot = tmp_path / "console-dashboard.png"
+    dashboard.screenshot(path=str(shot), full_page=True)
+    ARTIFACTS.mkdir(parents=True, exist_ok=True)
+    shutil.copy(shot, ARTIFACTS / shot.name)
+    # Queue depth and age, 24 h throughput, runs per day, and acme's usage against its budget.
+    assert dashboard.locator("#dashboard svg").count() == 5
+    assert "3 runs" in dashboard.locator("#throughput").inner_text() or "runs, failure rate" in dashboard.content()

@@ -1,0 +1,139 @@
+"""The operator console's pages: actions from the admin, the views operators expect, and the
+operations dashboard, whose queries stay bounded whatever the history holds."""
+import datetime as dt
+
+import pytest
+from django.contrib.admin.models import LogEntry
+from django.contrib.auth.models import Permission
+from django.urls import reverse
+from django.utils import timezone
+from django_q.models import Schedule
+
+from budgets.models import Budget, UsageDay
+from budgets.services import budgets_ensure_defaults
+from exports.models import ExportRecord, ExportStatus
+from scheduling.models import DeferReason, DeferredTask, Outcome, Pause, TaskRun, TaskRunDaily
+from scheduling.schedules import sync_schedules
+from tests.factories import AccountFactory
+
+pytestmark = pytest.mark.django_db
+
+
+def _history(account, days: int) -> None:
+    """`days` days of daily roll-ups and ledger rows, and a day of task runs."""
+    today = timezone.now().date()
+    TaskRunDaily.objects.bulk_create([
+        TaskRunDaily(day=today - dt.timedelta(days=i), account=account, job="exports.build", queue="exports",
+                     outcome=outcome, runs=10, cpu_ms=1000)
+        for i in range(1, days + 1) for outcome in (Outcome.SUCCEEDED, Outcome.FAILED)])
+    UsageDay.objects.bulk_create([UsageDay(account=account, queue=q, day=today - dt.timedelta(days=i), cpu_used_ms=5000)
+                                  for i in range(days) for q in ("default", "exports")])
+    now = timezone.now()
+    TaskRun.objects.bulk_create([TaskRun(account=account, job="tests.noop", started_at=now - dt.timedelta(minutes=5 * i),
+                                         outcome=Outcome.FAILED if i % 5 == 0 else Outcome.SUCCEEDED)
+                                 for i in range(200)])
+
+
+@pytest.mark.parametrize("days", [1, 365])
+def test_the_dashboard_reads_a_bounded_number_of_queries_whatever_the_history(
+        client, root, account, days, django_assert_max_num_queries):
+    for n in range(3):
+        acct = account if n == 0 else AccountFactory(slug=f"tenant-{n}")
+        budgets_ensure_defaults(account=acct)
+        _history(acct, days)
+    DeferredTask.objects.create(account=account, queue="exports", job="exports.build", ref="x",
+                                reason=DeferReason.PAUSED, eligible_at=timezone.now())
+    client.force_login(root)
+    with django_assert_max_num_queries(16):
+        page = client.get(reverse("ops-dashboard"))
+    assert page.status_code == 200
+    body = page.content.decode()
+    for section in ("Queues: depth and oldest job", "Throughput, last 24 h", "Held work by reason",
+                    "CPU used against budget per account"):
+        assert section in body
+    assert "600 runs, failure rate 20.0%" in body
+    assert "Paused by an operator (exports)" in body and body.count('<svg class="chart"') >= 6
+    assert "tenant-2" in body and "http://" not in body.split("<body")[1].replace("http://www.w3.org", "")
+
+
+def test_the_dashboard_shows_a_tenant_only_its_accounts(client, account, operator):
+    budgets_ensure_defaults(account=account)
+    other = AccountFactory(slug="globex")
+    budgets_ensure_defaults(account=other)
+    _history(other, 2)
+    client.force_login(operator)
+    body = client.get(reverse("ops-dashboard")).content.decode()
+    assert "<strong>acme</strong>" in body and "globex" not in body
+    assert "0 runs" in body and "Queues: depth" not in body  # the broker's figures are everyone's
+
+
+def test_the_admin_index_links_the_dashboard(client, root):
+    client.force_login(root)
+    assert reverse("ops-dashboard") in client.get(reverse("admin:index")).content.decode()
+
+
+def test_accounts_show_a_burn_down_bar_and_can_be_paused_from_the_admin(client, root, account):
+    budgets_ensure_defaults(account=account)
+    client.force_login(root)
+    page = client.get(reverse("admin:budgets_account_changelist")).content.decode()
+    assert page.count('class="burn-down"') == 2 and "0/" in page
+    response = client.post(reverse("admin:budgets_account_changelist"),
+                           {"action": "pause_accounts", "index": 0, "_selected_action": [account.pk]}, follow=True)
+    assert "account acme: paused" in response.content.decode().lower()
+    assert Pause.objects.filter(account=account).exists()
+    assert LogEntry.objects.filter(user=root, change_message="Paused account acme").exists()
+
+
+def test_a_failed_export_is_retried_from_the_admin_and_a_finished_one_has_a_download_link(client, root, account):
+    failed = ExportRecord.objects.create(account=account, start_date=dt.date(2026, 3, 1), end_date=dt.date(2026, 3, 1),
+                                         source="activity", status=ExportStatus.FAILED, error_class="ValueError",
+                                         error_message="card ***")
+    done = ExportRecord.objects.create(account=account, start_date=dt.date(2026, 3, 1), end_date=dt.date(2026, 3, 1),
+                                       source="activity", status=ExportStatus.SUCCEEDED, row_count=3)
+    client.force_login(root)
+    page = client.get(reverse("admin:exports_exportrecord_change", args=[done.pk])).content.decode()
+    assert reverse("exports:download", args=[done.pk]) in page
+    response = client.post(reverse("admin:exports_exportrecord_changelist"),
+                           {"action": "retry", "index": 0, "_selected_action": [failed.pk, done.pk]}, follow=True)
+    text = response.content.decode().lower()
+    assert f"export {failed.pk}: queued again" in text
+    assert f"export {done.pk}: it is succeeded; only failed or cancelled exports can be retried" in text
+
+
+def test_budgets_are_adjusted_through_a_form(client, root, account):
+    budgets_ensure_defaults(account=account)
+    budget = Budget.objects.get(account=account, queue="default")
+    client.force_login(root)
+    url = reverse("admin:budgets_budget_changelist")
+    form = client.post(url, {"action": "adjust", "index": 0, "_selected_action": [budget.pk]})
+    assert b"CPU seconds per day" in form.content
+    client.post(url, {"action": "adjust", "index": 0, "_selected_action": [budget.pk], "apply": "1",
+                      "cpu_seconds_per_day": "42", "today_only": "on"})
+    assert Budget.objects.get(pk=budget.pk).cpu_seconds_per_day == 42
+
+
+def test_schedules_show_their_last_run_from_our_records(client, root):
+    sync_schedules()
+    TaskRun.objects.create(job="exports.purge_expired", ref="schedule:purge-expired-exports", outcome=Outcome.SUCCEEDED,
+                           started_at=timezone.now(), wall_ms=1250)
+    client.force_login(root)
+    page = client.get(reverse("admin:django_q_schedule_changelist")).content.decode()
+    assert "1.25 s" in page and "succeeded" in page
+    schedule = Schedule.objects.get(name="fairshare:purge-expired-exports")
+    response = client.post(reverse("admin:django_q_schedule_changelist"),
+                           {"action": "run_now", "index": 0, "_selected_action": [schedule.pk]}, follow=True)
+    assert "fairshare:purge-expired-exports: sent to its queue" in response.content.decode().lower()
+
+
+def test_a_queue_is_paused_from_the_admin_and_a_tenant_may_choose_only_its_accounts(client, root, account, operator):
+    AccountFactory(slug="globex")
+    operator.user_permissions.add(*Permission.objects.filter(codename__in=["view_pause", "add_pause"]))
+    client.force_login(operator)
+    form = client.get(reverse("admin:scheduling_pause_add")).content.decode()
+    assert ">acme<" in form and "globex" not in form
+    client.post(reverse("admin:scheduling_pause_add"), {"account": "", "queue": "exports"}, follow=True)
+    assert not Pause.objects.exists()  # a queue belongs to no account: superusers only
+    client.force_login(root)
+    response = client.post(reverse("admin:scheduling_pause_add"), {"account": "", "queue": "exports"}, follow=True)
+    assert "queue exports: paused" in response.content.decode().lower()
+    assert Pause.objects.filter(account=None, queue="exports").exists()
