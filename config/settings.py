@@ -141,7 +141,7 @@ def s3_exports_storage(*, bucket: str, endpoint_url: str | None, region: str | N
             "region_name": region or None,
             "default_acl": "private",
             "querystring_auth": True,
-            # Presigned download URLs signed with SigV4 (every region accepts it; SigV2 is retired).
+            # Requests signed with SigV4 (every region accepts it; SigV2 is retired).
             "signature_version": "s3v4",
             "file_overwrite": True,
         },
