@@ -136,7 +136,12 @@ def measure_in_process(account_id: int, iterations: int) -> dict:
     close_old_connections()
     with CaptureQueriesContext(connection) as queries:
         execute(envelope_message(account_id, "inproc-queries"))
-    statements = [q["sql"] for q in queries.captured_queries]
+    logged = [q["sql"] for q in queries.captured_queries]
+    # Django logs transaction control too: count the explicit transactions (COMMITs), and the
+    # statements without BEGIN/COMMIT/ROLLBACK (outside a transaction each is its own).
+    control = {"BEGIN", "COMMIT", "ROLLBACK"}
+    statements = [sql for sql in logged if sql.strip().upper() not in control]
+    transactions = sum(1 for sql in logged if sql.strip().upper() == "COMMIT")
 
     # Same for admit + settle alone, and the enqueue-time check.
     envelope = Envelope(job=CHAIN_JOB, account=account_id, ref="inproc-queries-2")
@@ -157,6 +162,7 @@ def measure_in_process(account_id: int, iterations: int) -> dict:
             "chain_execute": len(statements), "admit": len(q_admit.captured_queries),
             "settle": len(q_settle.captured_queries), "admit_at_enqueue": len(q_hold.captured_queries),
         },
+        "chain_transactions": transactions,
         "connections_per_chain_execute": len(connects),  # after django-q2's close_old_connections()
         "conn_max_age": connection.settings_dict["CONN_MAX_AGE"],
         "chain_statement_log": [s[:160] for s in statements],
@@ -378,6 +384,8 @@ def main(argv=None) -> int:
                          right={1, 2, 3, 4}))
     print(f"(one chain run opens {inproc['connections_per_chain_execute']} new database connection(s); "
           f"CONN_MAX_AGE is {inproc['conn_max_age']})")
+    print(f"per task in the worker: {inproc['statements']['chain_execute']} SQL statements, "
+          f"{inproc['chain_transactions']} explicit transactions (goal <= 6 and <= 2)")
     print()
     if args.sample_waits:
         print_db_activity(rounds, args.tasks)

@@ -74,12 +74,15 @@ def configure_environment(db_url: str, *, test_jobs: bool = True) -> None:
     os.environ.pop("Q_CLUSTER_NAME", None)
 
 
-def cluster_env(*, workers: int | None = None, poll: float, **extra: str) -> dict[str, str]:
+def cluster_env(*, workers: int | None = None, poll: float | None, **extra: str) -> dict[str, str]:
     """A worker's environment (scheduling.processes.worker_env): this benchmark's database, with
-    `workers` processes on the default queue, `poll` seconds between broker polls, logging at INFO."""
+    `workers` processes on the default queue, `poll` seconds between broker polls (None: the
+    product's default), logging at INFO."""
     if workers is not None:
         extra["FAIRSHARE_WORKERS"] = str(workers)
-    return processes.worker_env(FAIRSHARE_POLL=str(poll), LOG_LEVEL="INFO", **extra)
+    if poll is not None:
+        extra["FAIRSHARE_POLL"] = str(poll)
+    return processes.worker_env(without={"FAIRSHARE_POLL"} if poll is None else (), LOG_LEVEL="INFO", **extra)
 
 
 def setup_django() -> None:

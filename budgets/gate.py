@@ -1,6 +1,6 @@
 """The budget gate: budgets' enqueue-time check, plugged into the kernel through
 FAIRSHARE["ENQUEUE_GATES"] (see scheduling.runtime.EnqueueGate)."""
-from budgets import services
+from budgets import bulk, handoff, services
 from scheduling.envelope import Envelope
 
 
@@ -14,5 +14,11 @@ class BudgetGate:
     def undo(self, *, envelope: Envelope, queue: str) -> None:
         services.undispatch(envelope=envelope, queue=queue)
 
+    def admit_many(self, *, envelopes: list[Envelope], queue: str) -> list[bool]:
+        return bulk.admit_many_at_enqueue(envelopes=envelopes, queue=queue)
+
     def release_due(self) -> int:
         return services.release_due()
+
+    def next_for(self, *, queue: str, worker: str) -> Envelope | None:
+        return handoff.pull(queue=queue, worker=worker)

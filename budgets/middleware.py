@@ -113,10 +113,11 @@ class BudgetMiddleware:
         queue = ctx.job.queue
         admission = services.admit(
             envelope=ctx.envelope, queue=queue, estimate_ms=ctx.job.cpu_estimate_ms,
-            task_run_id=ctx.run.pk if ctx.run else None, worker=worker_id(),
+            task_run_id=ctx.run.pk if ctx.run else None, worker=worker_id(), claim=ctx.claim,
         )
         if not admission.admitted:
-            ctx.outcome = Outcome.DEFERRED
+            # No reason: a claimed job whose claim expired meanwhile; it was released elsewhere.
+            ctx.outcome = Outcome.DEFERRED if admission.reason else Outcome.SKIPPED
             return
         ctx.budget = budget = RunBudget(admission.allowance_ms)
         in_main_thread = threading.current_thread() is threading.main_thread()
@@ -137,8 +138,12 @@ class BudgetMiddleware:
             # Settlement is one transaction that deletes the reservation: a try that committed
             # before its connection went leaves the next nothing to charge. A run that still
             # cannot settle is charged what its TaskRun recorded when it is reclaimed.
-            retry_on_disconnect(lambda: services.settle(
+            # The freed slot goes to the account's next held job: run by this worker straight
+            # after this run when it will (scheduling.runtime.execute), else sent to the broker.
+            handoff_to = worker_id() if ctx.accepts_handoff() else None
+            settled = retry_on_disconnect(lambda: services.settle(
                 reservation_id=admission.reservation_id, account_id=ctx.envelope.account, queue=queue,
-                meter=ctx.meter, cap_hit=cap_hit, envelope=ctx.envelope,
+                meter=ctx.meter, cap_hit=cap_hit, envelope=ctx.envelope, handoff_to=handoff_to,
             ))
+            ctx.handoff = settled.handoff if settled else None
             fault_point("after_settle")

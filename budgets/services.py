@@ -11,11 +11,11 @@ from django.db import transaction
 from django.db.models import F
 from django.utils import timezone
 
-from budgets import clock, standing
+from budgets import clock, handoff, standing
 from budgets.models import Account, Budget, Reservation, ReservationStatus, UsageDay
 from budgets.standing import Standing
 from scheduling.envelope import Envelope
-from scheduling.holding import hold, release_oldest
+from scheduling.holding import claim_complete, claim_held, eligible, hold
 from scheduling.metering import Meter
 from scheduling.models import DeferReason, DeferredTask
 from scheduling.selectors import finished_run_cpu_ms
@@ -65,21 +65,15 @@ def _hold(
     UsageDay.objects.filter(pk=usage_id).update(deferrals=F("deferrals") + 1)
 
 
-def _release(*, account_id: int, queue: str, state: Standing, limit: int, day: dt.date) -> int:
-    """Send the account's oldest due held jobs into its free slots (each dispatched)."""
-    if not state.held or (state.unreserved_ms <= 0 and state.active):
-        return 0  # nothing waits, or it would only be held again until a run gives budget back
-    released = release_oldest(account_id=account_id, queue=queue, limit=min(limit, state.free_slots))
-    for held in released:
-        standing.dispatch(envelope=Envelope(job=held.job, account=account_id, ref=held.ref), queue=queue, day=day)
-    return len(released)
-
-
-def admit(*, envelope: Envelope, queue: str, estimate_ms: int, task_run_id: int | None, worker: str) -> Admission:
+def admit(
+    *, envelope: Envelope, queue: str, estimate_ms: int, task_run_id: int | None, worker: str, claim: str | None = None,
+) -> Admission:
     """At the start of a run: take a slot and reserve CPU, or put the job on hold.
 
-    A job sent by `admit_at_enqueue` (or released from the holding area) takes over the slot its
-    dispatch holds; anything else (a duplicate delivery, an operator's release) needs a free one.
+    A job sent by `admit_at_enqueue` (or released from the holding area, or claimed from it by
+    `claim`, this worker: budgets.handoff) takes over the slot its dispatch holds; anything else
+    (a duplicate delivery, an operator's release) needs a free one. A claimed job whose claim was
+    lost (it expired and the job was released again) is not admitted: reason None, nothing held.
     """
     account_id = envelope.account
     with transaction.atomic():
@@ -87,6 +81,9 @@ def admit(*, envelope: Envelope, queue: str, estimate_ms: int, task_run_id: int 
         day = clock.budget_day(now)
         state = _locked_state(account_id=account_id, queue=queue, day=day, envelope=envelope)
         own = state.own_slot
+        if claim is not None and not claim_held(job=envelope.job, ref=envelope.ref, worker=claim):
+            Reservation.objects.filter(pk=own).delete()  # its slot, if the reclaim has not taken it
+            return Admission(None)
         # Without a slot of its own it needs a free one; with one, the cap on running jobs still
         # holds (two enqueues racing through the lock-free check may have dispatched one too many).
         if (own is None and state.free_slots <= 0) or state.active >= state.max_concurrent:
@@ -115,6 +112,8 @@ def admit(*, envelope: Envelope, queue: str, estimate_ms: int, task_run_id: int 
         else:
             own = Reservation.objects.create(account_id=account_id, queue=queue, job=envelope.job, ref=envelope.ref,
                                              **slot).pk
+        if claim is not None:
+            claim_complete(job=envelope.job, ref=envelope.ref, worker=claim)
         if task_run_id is not None:
             # An admitted run is recorded from the moment it holds its slot (taken under the budget
             # lock, so after the settlement that freed the slot committed): the recorded runs of an
@@ -189,13 +188,15 @@ def reservation_grow(*, reservation_id: int, cpu_ms: int, want_ms: int) -> int:
 
 def settle(
     *, reservation_id: int, account_id: int, queue: str, meter: Meter, cap_hit: bool = False,
-    envelope: Envelope | None = None,
-) -> bool:
+    envelope: Envelope | None = None, handoff_to: str | None = None,
+) -> handoff.Settled | None:
     """After a run: charge its measured CPU, free its reservation and slot, add its waits.
 
-    Exactly once: the reservation row is deleted here, and a second settlement finds nothing.
+    Exactly once: the reservation row is deleted here, and a second settlement finds nothing (None).
     A run stopped by the cap (`cap_hit`, with its `envelope`) waits in the holding area: for the
-    next budget day, or for budget its account's other runs give back.
+    next budget day, or for budget its account's other runs give back. The freed slot goes to the
+    account's oldest eligible held job: claimed for worker `handoff_to` when given (returned, to
+    run next in that worker), else released to the broker.
     """
     with transaction.atomic():
         now = clock.now()
@@ -203,7 +204,7 @@ def settle(
         _lock(account_id=account_id, queue=queue)
         reservation = Reservation.objects.filter(pk=reservation_id).first()
         if reservation is None:
-            return False
+            return None
         was_active = reservation.status == ReservationStatus.ACTIVE
         if reservation.task_run_id:
             # ...and until it gives the slot back: before this transaction commits, so before
@@ -228,9 +229,12 @@ def settle(
                 reason, eligible_at = standing.out_of_budget(state, now)
             hold(envelope=envelope, queue=queue, reason=reason, eligible_at=eligible_at)
             state = replace(state, held=True)
-        if was_active:
-            _release(account_id=account_id, queue=queue, state=state, limit=1, day=day)
-    return True
+        claimed = None
+        if was_active and handoff_to is not None:
+            claimed = handoff.hand_off(account_id=account_id, queue=queue, state=state, day=day, worker=handoff_to)
+        if was_active and claimed is None:
+            handoff.release(account_id=account_id, queue=queue, state=state, limit=1, day=day)
+    return handoff.Settled(handoff=claimed)
 
 
 def reclaim_expired() -> int:
@@ -269,7 +273,7 @@ def reclaim_expired() -> int:
                     task_run_mark_lost(run_id=reservation.task_run_id, cpu_ms=charge,
                                        reason="the run stopped renewing its lease (its worker died)")
             state = standing.read(account_id=account_id, queue=queue, day=day)
-            _release(account_id=account_id, queue=queue, state=state, limit=1, day=day)
+            handoff.release(account_id=account_id, queue=queue, state=state, limit=1, day=day)
             reclaimed += 1
     # A reclaimed run that really died never settles; forget it after a day.
     Reservation.objects.filter(
@@ -290,10 +294,10 @@ def release_due() -> int:
     released = 0
     now = clock.now()
     day = clock.budget_day(now)
-    pairs = (DeferredTask.objects.filter(eligible_at__lte=now, account__isnull=False)  # account work only
+    pairs = (DeferredTask.objects.filter(eligible(now), account__isnull=False)  # account work only
              .values_list("account_id", "queue").distinct().order_by())
     for account_id, queue in pairs:
         with transaction.atomic():
             state = _locked_state(account_id=account_id, queue=queue, day=day)
-            released += _release(account_id=account_id, queue=queue, state=state, limit=state.free_slots, day=day)
+            released += handoff.release(account_id=account_id, queue=queue, state=state, limit=state.free_slots, day=day)
     return released

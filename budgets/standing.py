@@ -93,10 +93,13 @@ def read(*, account_id: int, queue: str, day: dt.date, envelope: Envelope | None
 _LOCK_SQL = f"SELECT 1 FROM {Budget._meta.db_table} WHERE account_id = %s AND queue = %s"
 
 
-def lock(*, account_id: int, queue: str) -> bool:
-    """Lock the account's Budget row on this queue; False when it has none (nothing locked).
-    (SQLite has no row locks: its transactions serialise writers as a whole.)"""
-    sql = _LOCK_SQL + (" FOR UPDATE" if connection.features.has_select_for_update else "")
+def lock(*, account_id: int, queue: str, skip_locked: bool = False) -> bool:
+    """Lock the account's Budget row on this queue; False when it has none (nothing locked), or,
+    with `skip_locked`, when another transaction holds it. (SQLite has no row locks: its
+    transactions serialise writers as a whole.)"""
+    sql = _LOCK_SQL
+    if connection.features.has_select_for_update:
+        sql += " FOR UPDATE SKIP LOCKED" if skip_locked else " FOR UPDATE"
     with connection.cursor() as cursor:
         cursor.execute(sql, [account_id, queue])
         return cursor.fetchone() is not None
@@ -127,9 +130,10 @@ def dispatch_lease_expiry() -> dt.datetime:
     return timezone.now() + dt.timedelta(seconds=settings.FAIRSHARE["DISPATCH_LEASE_S"])
 
 
-def dispatch(*, envelope: Envelope, queue: str, day: dt.date) -> Reservation:
-    """Take a slot for a job on its way to the broker."""
+def dispatch(*, envelope: Envelope, queue: str, day: dt.date, lease_s: float | None = None) -> Reservation:
+    """Take a slot for a job on its way to the broker (or claimed by a worker, for `lease_s`)."""
+    expires = dispatch_lease_expiry() if lease_s is None else timezone.now() + dt.timedelta(seconds=lease_s)
     return Reservation.objects.create(
         account_id=envelope.account, queue=queue, day=day, job=envelope.job, ref=envelope.ref,
-        status=ReservationStatus.DISPATCHED, lease_expires_at=dispatch_lease_expiry(),
+        status=ReservationStatus.DISPATCHED, lease_expires_at=expires,
     )

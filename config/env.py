@@ -26,8 +26,9 @@ TASK_TIMEOUT = Setting(None, "FAIRSHARE_TASK_TIMEOUT", 300, parse=int, unit="s",
                        doc="time limit of a task on the default queue (its `retry` is set 60 s above)")
 WORKERS = Setting(None, "FAIRSHARE_WORKERS", 2, parse=int, sets='`Q_CLUSTER["workers"]`',
                   doc="worker processes of the default queue (1 on SQLite)")
-POLL = Setting(None, "FAIRSHARE_POLL", 0.5, parse=float, unit="s", sets='`Q_CLUSTER["poll"]`',
-               doc="how often an idle ORM-broker worker looks for new tasks")
+POLL = Setting(None, "FAIRSHARE_POLL", 0.1, parse=float, unit="s", sets='`Q_CLUSTER["poll"]`',
+               doc="how often an idle ORM-broker cluster looks for new tasks (one query per poll per cluster; "
+                   "a job sent into a free slot waits up to this long)")
 EXPORT_TIMEOUT = Setting(None, "FAIRSHARE_EXPORT_TIMEOUT", 1800, parse=int, unit="s",
                          sets='exports cluster `timeout`', doc="time limit of a task on the exports queue")
 EXPORT_RETRY = Setting(None, "FAIRSHARE_EXPORT_RETRY", None, parse=int, unit="s",

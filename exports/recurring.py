@@ -3,12 +3,14 @@ import datetime as dt
 import logging
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
+from django.db import transaction
 from django.utils import timezone
 
 from exports.models import ExportSchedule, SchedulePeriod
-from exports.requests import ExportRequestError, export_request
+from exports.requests import BUILD_JOB, ExportRequestError, export_request
 from exports.sources import day_bounds
 from scheduling.redaction import describe_error
+from scheduling.runtime import enqueue_many
 
 logger = logging.getLogger("fairshare.exports")
 
@@ -36,41 +38,45 @@ def run_export_schedules(*, now: dt.datetime | None = None) -> int:
 
     The idempotency key names the schedule and the period, so a schedule that fires twice (two
     schedulers, a retry) still makes one export; the export goes through budgets like any other.
+    The new exports' builds are enqueued together (`enqueue_many`): the nightly burst is admitted
+    or held per account in a few statements.
     """
     now = now or timezone.now()
-    created = 0
+    created: list[tuple[int, str]] = []
     for schedule in ExportSchedule.objects.filter(is_active=True, account__is_active=True).select_related(
         "account", "requested_by"
     ):
         try:
-            created += _run_schedule(schedule, now)
+            created += _run_schedule(schedule, now)  # (account, ref) of the export it created, if any
         except Exception as exc:  # one bad schedule (a zone, a requester) never stops the others
             error_class, message = describe_error(exc)
             logger.error("recurring export failed", extra={"schedule": schedule.pk, "account": schedule.account_id,
                                                            "error_class": error_class, "error": message})
-    return created
+    if created:  # once the records are visible to the workers (at once outside a transaction)
+        transaction.on_commit(lambda: enqueue_many(job=BUILD_JOB, work=created))
+    return len(created)
 
 
-def _run_schedule(schedule: ExportSchedule, now: dt.datetime) -> int:
+def _run_schedule(schedule: ExportSchedule, now: dt.datetime) -> list[tuple[int, str]]:
     try:
         start, end = schedule_period(schedule, now)
     except (ZoneInfoNotFoundError, ValueError):
         logger.warning("recurring export skipped: unknown time zone",
                        extra={"schedule": schedule.pk, "account": schedule.account_id})
-        return 0
+        return []
     if day_bounds(start, end)[1] > now:
         # An export's dates are UTC days (sources.day_bounds): east of UTC, the local run time
         # can come before the period's last UTC day is over, and an export requested now would
         # miss the rest of it for good (its key makes it the period's only export). A later
         # tick, once the period is over, requests it.
-        return 0
+        return []
     try:
-        _, was_created = export_request(
+        record, was_created = export_request(
             account_slug=schedule.account.slug, user=schedule.requested_by, start=start, end=end,
             fmt=schedule.format, source=schedule.source,
-            idempotency_key=f"schedule-{schedule.pk}-{start.isoformat()}",
+            idempotency_key=f"schedule-{schedule.pk}-{start.isoformat()}", enqueue=False,
         )
     except ExportRequestError as exc:
         logger.warning("recurring export refused", extra={"schedule": schedule.pk, "code": exc.code})
-        return 0
-    return int(was_created)
+        return []
+    return [(record.account_id, str(record.pk))] if was_created else []

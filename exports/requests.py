@@ -75,11 +75,14 @@ def export_request(
     fmt: str = ExportFormat.CSV,
     source: str = "activity",
     idempotency_key: str | None = None,
+    enqueue: bool = True,
 ) -> tuple[ExportRecord, bool]:
     """Validate the input scope and create a queued export; returns (export, created).
 
     A repeated idempotency key returns the existing export (created=False), also when two
-    requests race: the unique constraint decides, not a check-then-insert.
+    requests race: the unique constraint decides, not a check-then-insert. With enqueue=False
+    the caller enqueues the build itself (a batch: `scheduling.runtime.enqueue_many`); a record
+    whose build was never enqueued is re-enqueued by the reconciler.
     """
     account = _checked_account(account_slug=account_slug, user=user, start=start, end=end, fmt=fmt, source=source)
     if idempotency_key:
@@ -99,7 +102,8 @@ def export_request(
                 account=account, requested_by=user, start_date=start, end_date=end, format=fmt,
                 source=source, idempotency_key=idempotency_key or None, rows_estimated=estimate,
             )
-            enqueue_on_commit(job=BUILD_JOB, account=account.pk, ref=str(record.pk))
+            if enqueue:
+                enqueue_on_commit(job=BUILD_JOB, account=account.pk, ref=str(record.pk))
     except IntegrityError:
         # A concurrent request with the same key won the insert.
         if not idempotency_key:

@@ -84,6 +84,16 @@ SETTINGS = (
     Setting("RELEASE_POLL_S", "FAIRSHARE_RELEASE_POLL", 1.0, parse=float, unit="s",
             doc="how often each worker's pulse releases due held work (a 2-second back-off need not wait "
                 "for django-q2's 30-second scheduler) and may write its heartbeat; 0 turns the pulse off"),
+    Setting("HANDOFF_WINDOW_S", "FAIRSHARE_HANDOFF_WINDOW_S", 10.0, parse=float, unit="s",
+            doc="after a run, a worker goes on with held work it claims itself (the same account's next "
+                "job, else another account's in fair order) without a broker round trip, starting no new "
+                "one after this long, nor after a tenth of its queue's `timeout`"),
+    Setting("HANDOFF_MAX_RUNS", "FAIRSHARE_HANDOFF_MAX_RUNS", 500, parse=int,
+            doc="at most this many claimed runs follow one broker message in a worker; 0 turns hand-off and "
+                "pull off (every freed slot then goes through the broker)"),
+    Setting("HANDOFF_CLAIM_LEASE_S", "FAIRSHARE_HANDOFF_CLAIM_LEASE_S", 30, parse=int, unit="s",
+            doc="a held job claimed by a worker, and the slot taken for it, are given back when its run has "
+                "not started within this long (the worker died)"),
     Setting("WORKER_HEARTBEAT_S", "FAIRSHARE_WORKER_HEARTBEAT", 10, parse=int, unit="s",
             doc="how often each worker's pulse writes the worker's heartbeat"),
     Setting("HEALTH_HEARTBEAT_MAX_AGE_S", "FAIRSHARE_HEALTH_HEARTBEAT_MAX_AGE", 60, parse=int, unit="s",

@@ -9,7 +9,8 @@ Points in the export job: ``before_claim`` (run admitted, export not claimed yet
 not yet complete), ``before_notify`` (record complete, requester not yet notified),
 ``after_complete`` (record complete and requester notified, task not yet acknowledged to the
 broker). In the budget middleware, around every account's run: ``after_settle`` (charged and its
-slot freed, the run's outcome not yet recorded).
+slot freed, the run's outcome not yet recorded). In the runtime: ``before_handoff`` (a held job
+claimed for this worker, by a hand-off or a pull, with its slot taken; not yet admitted).
 """
 import os
 import signal
@@ -17,7 +18,7 @@ import signal
 from scheduling.testing import FAULT, FAULT_MARKER
 
 POINTS = frozenset({"before_claim", "after_claim", "mid_stream", "after_publish", "before_notify", "after_complete",
-                    "after_settle"})
+                    "after_settle", "before_handoff"})
 
 
 def fault_point(name: str) -> None:

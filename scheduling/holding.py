@@ -1,28 +1,32 @@
 """The holding area (DeferredTask): work that may not run now waits here with its reason and the
 time it becomes eligible, instead of in the broker. Only this module writes it.
 
-Release = taking held work out of the holding area and sending it again; nothing else. A process
-releases only work whose envelope version it speaks (`releasable`): parked messages of a newer
-version (rolling upgrades) wait for an upgraded worker, whoever runs the release.
+Release = taking held work out of the holding area and sending it again; nothing else.
+Claim = a worker takes a held job to run it itself, straight away, without a broker round trip
+(a hand-off when its account's run settles, a pull when a worker has nothing else to do): the row
+stays, marked with the worker and a lease, until that run is admitted (`claim_complete`). A claim
+whose lease expired (its worker died) is eligible again: the next release or claim takes it.
+
+A process releases only work whose envelope version it speaks (`eligible`): messages parked for
+a newer worker (rolling upgrades, `park`) wait for an upgraded one, whoever runs the release, and
+are never claimed: they go back to the broker unchanged.
 """
 import datetime as dt
 import hashlib
 import json
+import logging
 from typing import Any
 
 from django.db import transaction
-from django.db.models import F
+from django.db.models import F, Q
 
 from budgets.models import Account
 from scheduling import clock
 from scheduling.envelope import MAX_REF_LENGTH, Envelope, known_version
 from scheduling.models import DeferReason, DeferredTask
-from scheduling.runtime import enqueue_gates, send_message, send_on_commit
+from scheduling.runtime import close_old_connections, enqueue_gates, send_message, send_on_commit
 
-
-def releasable():
-    """Held work this process may release: of an envelope version it speaks."""
-    return DeferredTask.objects.filter(envelope_version__lte=known_version())
+logger = logging.getLogger("fairshare.tasks")
 
 
 def hold(*, envelope: Envelope, queue: str, reason: str, eligible_at: dt.datetime) -> None:
@@ -33,9 +37,21 @@ def hold(*, envelope: Envelope, queue: str, reason: str, eligible_at: dt.datetim
         defaults={"account_id": envelope.account, "queue": queue, "reason": reason, "eligible_at": eligible_at},
     )
     if not created:
+        # Held again: a claim on it is void (its claimant's admission then finds it lost and does
+        # not run it), and it keeps its place in line.
         DeferredTask.objects.filter(pk=held.pk).update(
-            reason=reason, eligible_at=eligible_at, deferrals=F("deferrals") + 1,
+            reason=reason, eligible_at=eligible_at, deferrals=F("deferrals") + 1, claimed_by="", claim_expires_at=None,
         )
+
+
+def hold_many(*, envelopes: list[Envelope], queue: str, reason: str, eligible_at: dt.datetime) -> None:
+    """Put a batch of jobs in the holding area with one insert, in their order (a job already
+    held keeps its row as it is)."""
+    DeferredTask.objects.bulk_create(
+        [DeferredTask(account_id=e.account, queue=queue, job=e.job, ref=e.ref, reason=reason, eligible_at=eligible_at)
+         for e in envelopes],
+        ignore_conflicts=True,
+    )
 
 
 def park(*, message: dict[str, Any], version: int, queue: str) -> DeferredTask:
@@ -48,7 +64,8 @@ def park(*, message: dict[str, Any], version: int, queue: str) -> DeferredTask:
     valid_account = type(account) is int and Account.objects.filter(pk=account).exists()
     parked, _ = DeferredTask.objects.update_or_create(
         job=job, ref=ref,
-        defaults={"reason": DeferReason.NEEDS_NEWER_WORKER, "envelope_version": version, "message": message},
+        defaults={"reason": DeferReason.NEEDS_NEWER_WORKER, "envelope_version": version, "message": message,
+                  "claimed_by": "", "claim_expires_at": None},
         create_defaults={"account_id": account if valid_account else None, "queue": queue,
                          "reason": DeferReason.NEEDS_NEWER_WORKER, "eligible_at": clock.now(),
                          "envelope_version": version, "message": message},
@@ -63,6 +80,61 @@ def unhold(*, job: str, ref: str) -> int:
     return deleted
 
 
+def eligible(now: dt.datetime) -> Q:
+    """Held work that may go now: its time has come, no live claim covers it, and this process
+    speaks its envelope version."""
+    return (Q(eligible_at__lte=now) & (Q(claim_expires_at__isnull=True) | Q(claim_expires_at__lt=now))
+            & Q(envelope_version__lte=known_version()))
+
+
+def claim_oldest(*, account_id: int, queue: str, worker: str, lease_s: float) -> DeferredTask | None:
+    """Claim the account's oldest eligible held job for `worker`, which will run it itself.
+
+    Call it inside a transaction (the caller takes the job's slot in the same one): the row is
+    locked with SKIP LOCKED, so two workers never claim the same job, and one claiming job waits
+    for no other.
+    """
+    now = clock.now()
+    task = (DeferredTask.objects.select_for_update(skip_locked=True)
+            # A parked message is never claimed: it goes back to the broker as it came.
+            .filter(eligible(now), account_id=account_id, queue=queue, message__isnull=True)
+            .order_by("created_at", "id").first())
+    if task is None:
+        return None
+    task.claimed_by, task.claim_expires_at = worker, now + dt.timedelta(seconds=lease_s)
+    DeferredTask.objects.filter(pk=task.pk).update(claimed_by=task.claimed_by, claim_expires_at=task.claim_expires_at)
+    return task
+
+
+def claim_next(*, queue: str, worker: str) -> Envelope | None:
+    """Pull: a free worker asks the enqueue gates for held work of its queue (`next_for`), claimed
+    for it in the gate's fair order; None when there is none (or the database is away)."""
+    try:
+        for gate in enqueue_gates():
+            next_for = getattr(gate, "next_for", None)
+            claimed = next_for(queue=queue, worker=worker) if next_for is not None else None
+            if claimed is not None:
+                return claimed
+    except Exception as exc:  # e.g. the database went away: the message's own work is done; stop
+        # here (raising would make django-q2 count the message as failed and deliver it again).
+        logger.warning("pulling held work failed", extra={"error_class": type(exc).__name__})
+        close_old_connections()
+    return None
+
+
+def claim_held(*, job: str, ref: str, worker: str) -> bool:
+    """Whether `worker` still holds its claim on the job (locks the row until the caller commits,
+    so nobody takes it meanwhile)."""
+    return DeferredTask.objects.select_for_update().filter(job=job, ref=ref, claimed_by=worker).exists()
+
+
+def claim_complete(*, job: str, ref: str, worker: str) -> bool:
+    """The claimed job's run is admitted: it leaves the holding area. False when the claim was
+    lost (it expired and the job was released or claimed again): the caller must not run it."""
+    deleted, _ = DeferredTask.objects.filter(job=job, ref=ref, claimed_by=worker).delete()
+    return deleted > 0
+
+
 def release_oldest(*, account_id: int, queue: str, limit: int) -> list[DeferredTask]:
     """Ring the doorbell again for the account's oldest due held jobs; returns them.
 
@@ -72,8 +144,8 @@ def release_oldest(*, account_id: int, queue: str, limit: int) -> list[DeferredT
     if limit <= 0:
         return []
     due = list(
-        releasable().select_for_update(skip_locked=True)
-        .filter(account_id=account_id, queue=queue, eligible_at__lte=clock.now())
+        DeferredTask.objects.select_for_update(skip_locked=True)
+        .filter(eligible(clock.now()), account_id=account_id, queue=queue)
         .order_by("created_at", "id")[:limit]
     )
     _send_back(due)
@@ -83,7 +155,8 @@ def release_oldest(*, account_id: int, queue: str, limit: int) -> list[DeferredT
 def release_now(*, deferred_ids: list[int]) -> int:
     """An operator's release: back to the broker now, whatever the reason it was held."""
     with transaction.atomic():
-        held = list(releasable().select_for_update(skip_locked=True).filter(pk__in=deferred_ids))
+        held = list(DeferredTask.objects.select_for_update(skip_locked=True)
+                    .filter(pk__in=deferred_ids, envelope_version__lte=known_version()))
         _send_back(held)
     return len(held)
 
@@ -98,7 +171,7 @@ def release_due() -> int:
     released = sum(gate.release_due() for gate in gates)
     with transaction.atomic():
         # Gates see account work only: parked account-less messages go straight back.
-        due = releasable().select_for_update(skip_locked=True).filter(eligible_at__lte=clock.now())
+        due = DeferredTask.objects.select_for_update(skip_locked=True).filter(eligible(clock.now()))
         due = list(due.filter(account__isnull=True) if gates else due)
         _send_back(due)
     return released + len(due)

@@ -73,6 +73,9 @@ class DeferredTask(models.Model):
     """The holding area: a job that may not run now, why, and from when it may.
 
     A held job is not in the broker. Releasing it deletes the row and rings the doorbell again.
+    A worker may instead claim it (hand-off or pull, scheduling.holding.claim_oldest) to run it
+    itself without a broker round trip: the row stays, claimed, until that run is admitted; a
+    claim whose lease expired (the worker died) makes the job eligible again.
     """
 
     # Null only for parked account-less work (a maintenance job's message of a newer version).
@@ -85,6 +88,8 @@ class DeferredTask(models.Model):
     eligible_at = models.DateTimeField(help_text="Not released before this time")
     created_at = models.DateTimeField(auto_now_add=True)
     deferrals = models.PositiveIntegerField(default=1, help_text="How often this job was held")
+    claimed_by = models.CharField(max_length=100, blank=True, help_text="host:pid of the worker about to run it")
+    claim_expires_at = models.DateTimeField(null=True, blank=True, help_text="Eligible again after this")
     envelope_version = models.PositiveSmallIntegerField(
         default=1, help_text="Released only by a worker that speaks this envelope version")
     message = models.JSONField(

@@ -47,6 +47,12 @@ class PauseGate:
     def admit(self, *, envelope: Envelope, queue: str) -> bool:
         return not hold_if_paused(envelope=envelope, queue=queue)
 
+    def admit_many(self, *, envelopes: list[Envelope], queue: str) -> list[bool]:
+        """A batch (`enqueue_many`): one query per account; only a paused account's jobs each."""
+        paused = {account for account in {e.account for e in envelopes}
+                  if _covering(account_id=account, queue=queue).exists()}
+        return [e.account not in paused or not hold_if_paused(envelope=e, queue=queue) for e in envelopes]
+
     def undo(self, *, envelope: Envelope, queue: str) -> None:
         pass  # admitting took nothing
 

@@ -7,7 +7,7 @@ Account work passes the enqueue gates (settings.FAIRSHARE["ENQUEUE_GATES"]) befo
 import functools
 import math
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any, Protocol, TypeVar
 
@@ -17,6 +17,7 @@ from django.utils.module_loading import import_string
 from django_q.tasks import async_task
 
 from scheduling.envelope import Envelope
+from scheduling.faults import fault_point
 from scheduling.metering import Meter
 from scheduling.models import TaskRun
 from scheduling.redaction import LOG_MAX_LENGTH, redact
@@ -55,6 +56,13 @@ class TaskContext:
     # The run's CPU allowance; long jobs call `budget.check()` between batches. A middleware may
     # set a limited one (budgets.limits.RunBudget raises budgets.limits.BudgetExhausted).
     budget: Any = field(default_factory=UnlimitedBudget)
+    # Work conservation (see `execute`): `claim` is the worker that claimed this job from the
+    # holding area when the run was handed off or pulled (admission completes the claim); a
+    # middleware that frees a slot may set `handoff` to a held job it claimed for this worker,
+    # only while `accepts_handoff()` says the worker will run it straight after this one.
+    claim: str | None = None
+    handoff: Envelope | None = None
+    accepts_handoff: Callable[[], bool] = lambda: False
 
 
 TaskCall = Callable[[TaskContext], None]
@@ -95,6 +103,13 @@ class EnqueueGate(Protocol):
 
     def release_due(self) -> int: ...
 
+    def admit_many(self, *, envelopes: list[Envelope], queue: str) -> list[bool]:
+        """`admit` for a batch (`enqueue_many`), one verdict per envelope in order. Optional."""
+
+    def next_for(self, *, queue: str, worker: str) -> Envelope | None:
+        """Pull: claim one eligible held job of the queue for `worker`, which runs it at once (in
+        the gate's fair order, into a free slot only); None when there is none. Optional."""
+
 
 def enqueue_gates() -> tuple[EnqueueGate, ...]:
     return _load_gates(tuple(settings.FAIRSHARE["ENQUEUE_GATES"]))
@@ -128,6 +143,46 @@ def enqueue(*, job: str, account: int | None, ref: str) -> str | None:
     except BaseException:  # the broker refused it: nothing is on its way, so nothing holds a slot
         _undo(admitted, envelope=envelope, queue=spec.queue)
         raise
+
+
+def enqueue_many(*, job: str, work: Iterable[tuple[int | None, str]]) -> list[str | None]:
+    """Submit a batch of one job's work, `(account, ref)` pairs: `enqueue` for a flood.
+
+    Gates that offer `admit_many` decide the batch in a few statements (the budget gate: one
+    transaction per account that sends what fits its free slots and holds the rest with one
+    insert); the others see each job. Returns, per pair in order, the django-q2 task id, or None
+    for a job held back. Meant for new work: a job already dispatched should be sent with `enqueue`.
+    """
+    spec = get_job(job)
+    envelopes = [Envelope(job=spec.name, account=account, ref=str(ref)) for account, ref in work]
+    verdicts = [True] * len(envelopes)
+    admitted: list[EnqueueGate] = []
+    for gate in enqueue_gates() if spec.account_scoped else ():
+        pending = [i for i, ok in enumerate(verdicts) if ok]
+        batch = [envelopes[i] for i in pending]
+        admit_many = getattr(gate, "admit_many", None)
+        try:
+            oks = (admit_many(envelopes=batch, queue=spec.queue) if admit_many is not None
+                   else [gate.admit(envelope=e, queue=spec.queue) for e in batch])
+        except BaseException:
+            for i in pending:
+                _undo(admitted, envelope=envelopes[i], queue=spec.queue)
+            raise
+        for i, ok in zip(pending, oks):
+            if not ok:  # held by that gate; the gates before it give back what they took
+                verdicts[i] = False
+                _undo(admitted, envelope=envelopes[i], queue=spec.queue)
+        admitted.append(gate)
+    sent: list[str | None] = []
+    for i, (envelope, ok) in enumerate(zip(envelopes, verdicts)):
+        try:
+            sent.append(send(job=job, account=envelope.account, ref=envelope.ref) if ok else None)
+        except BaseException:  # the broker refused: what was not sent gives its slots back
+            for rest, still in zip(envelopes[i:], verdicts[i:]):
+                if still:
+                    _undo(admitted, envelope=rest, queue=spec.queue)
+            raise
+    return sent
 
 
 def _undo(gates: list[EnqueueGate], *, envelope: Envelope, queue: str) -> None:
@@ -203,5 +258,42 @@ def redact_failed_result(sender, task: dict, **kwargs) -> None:
 
 
 def execute(message: Any) -> None:
-    """The django-q2 task function: takes the envelope as its only argument."""
-    _chain()(TaskContext(message=message))
+    """The django-q2 task function: takes the envelope as its only argument.
+
+    Work conservation: after the run, this worker goes on with held work it claimed without a
+    broker round trip: the job its run's settlement handed off to it (the same account's next,
+    into the slot just freed), else one it pulls from the gates (another account's, in fair
+    order, into a free slot). Bounded in time (`_handoff_window_s`, well under the queue's
+    `timeout` and `retry`: django-q2 acknowledges the message, and its timeout watches the
+    process, only once this returns) and in count (FAIRSHARE["HANDOFF_MAX_RUNS"]). A claim this
+    worker does not get to run (it died) expires and the job is released again.
+    """
+    from scheduling.holding import claim_next
+    from scheduling.services import worker_id
+
+    options = settings.FAIRSHARE
+    deadline, runs_left = time.monotonic() + _handoff_window_s(), options["HANDOFF_MAX_RUNS"]
+
+    def room() -> bool:
+        return runs_left > 0 and time.monotonic() < deadline
+
+    ctx = TaskContext(message=message, accepts_handoff=room)
+    _chain()(ctx)
+    while True:
+        queue = ctx.job.queue if ctx.job is not None else None
+        claimed = ctx.handoff or (claim_next(queue=queue, worker=worker_id()) if queue and room() else None)
+        if claimed is None:
+            return
+        fault_point("before_handoff")
+        runs_left -= 1
+        ctx = TaskContext(message=claimed.to_message(), claim=worker_id(), accepts_handoff=room)
+        _chain()(ctx)
+
+
+def _handoff_window_s() -> float:
+    """FAIRSHARE["HANDOFF_WINDOW_S"], at most a tenth of this cluster's `timeout`: django-q2 times
+    the whole loop as one task, and a run started late in it must not meet the timeout."""
+    from django_q.conf import Conf
+
+    window = settings.FAIRSHARE["HANDOFF_WINDOW_S"]
+    return min(window, Conf.TIMEOUT / 10) if Conf.TIMEOUT else window

@@ -5,12 +5,13 @@ import datetime as dt
 import pytest
 from django_q.models import OrmQ
 
-from budgets.models import Reservation, ReservationStatus
+from budgets import clock as budget_clock
+from budgets.models import Budget, Reservation, ReservationStatus, UsageDay
 from scheduling import clock, runtime
 from scheduling.envelope import Envelope
 from scheduling.holding import hold, release_due
 from scheduling.models import DeferReason, DeferredTask
-from scheduling.runtime import enqueue
+from scheduling.runtime import enqueue, enqueue_many
 
 pytestmark = pytest.mark.django_db
 
@@ -98,3 +99,22 @@ def test_without_gates_all_due_held_work_is_sent_again(settings, account, django
 
     assert list(DeferredTask.objects.values_list("ref", flat=True)) == ["later"]
     assert OrmQ.objects.count() == 1
+
+
+# --- enqueue_many: a flood in a few statements -----------------------------------------------
+
+def test_enqueue_many_sends_what_fits_each_accounts_slots_and_holds_the_rest_in_order(account, other_account):
+    Budget.objects.create(account=account, queue="default", cpu_seconds_per_day=100, max_concurrent=2)
+    Budget.objects.create(account=other_account, queue="default", cpu_seconds_per_day=100, max_concurrent=1)
+    work = [(account.pk, f"0/a-{i}") for i in range(10)] + [(other_account.pk, "0/b-0")]
+
+    sent = enqueue_many(job="tests.noop", work=work)
+
+    assert [task_id is not None for task_id in sent] == [True, True] + [False] * 8 + [True]
+    assert sorted(Reservation.objects.values_list("ref", flat=True)) == ["0/a-0", "0/a-1", "0/b-0"]
+    held = list(DeferredTask.objects.filter(account=account).order_by("created_at", "id").values_list("ref", "reason"))
+    assert held == [("0/a-2", DeferReason.CONCURRENCY_CAP)] + [(f"0/a-{i}", DeferReason.QUEUED_BEHIND) for i in range(3, 10)]
+    assert UsageDay.objects.get(account=account, day=budget_clock.budget_day()).deferrals == 8
+    # Behind its held work, the next flood waits too, whatever slots free up meanwhile.
+    Reservation.objects.filter(account=account).delete()
+    assert enqueue_many(job="tests.noop", work=[(account.pk, "0/a-10")]) == [None]

@@ -2,6 +2,7 @@
 holding area ("needs a newer worker"), never rejected or dropped, and runs once a worker that
 speaks it is up. Producers send FAIRSHARE["ENVELOPE_VERSION"]."""
 import pytest
+from django.db import transaction
 from django_q.tasks import async_task
 
 from budgets.models import Role
@@ -156,3 +157,16 @@ def test_an_operator_release_of_parked_work_says_it_needs_a_newer_worker(account
 
     assert not result.ok and "needs a worker that speaks envelope v2" in result.message
     assert DeferredTask.objects.filter(pk=parked.pk).exists()  # still parked, not lost
+
+
+def test_a_parked_message_is_never_claimed_to_run_in_place_only_sent_back(account, settings):
+    # Claims (hand-off, pull) rebuild a v1 envelope from job/account/ref; a parked message must
+    # go back to the broker exactly as it came instead.
+    execute(v2("tests.noop", account.pk, "r-1"))
+    speaks(settings, NEWER)
+
+    with transaction.atomic():
+        claimed = holding.claim_oldest(account_id=account.pk, queue="default", worker="w:1", lease_s=30)
+
+    assert claimed is None
+    assert DeferredTask.objects.get().claimed_by == ""

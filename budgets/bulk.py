@@ -1,0 +1,58 @@
+"""The enqueue-time check for a batch (`scheduling.runtime.enqueue_many`): a flood of one
+account's jobs is decided in one transaction per account instead of one check per job.
+
+Under the account's Budget row lock (budgets.standing) it sends as many as fit the account's free
+slots (each dispatched, as `services.admit_at_enqueue` would) when the account has budget left and
+nothing held, and holds the rest with one insert, in order: the first for the reason it could
+not go, the others queued behind it.
+"""
+from collections import defaultdict
+
+from django.db import transaction
+from django.db.models import F
+
+from budgets import clock, services, standing
+from budgets.models import Account, Reservation, ReservationStatus, UsageDay
+from scheduling.envelope import Envelope
+from scheduling.holding import hold_many
+from scheduling.models import DeferReason
+
+
+def admit_many_at_enqueue(*, envelopes: list[Envelope], queue: str) -> list[bool]:
+    """One verdict per envelope, in order: True when the caller should send it."""
+    by_account: dict[int, list[int]] = defaultdict(list)
+    for i, envelope in enumerate(envelopes):
+        by_account[envelope.account].append(i)
+    verdicts = [False] * len(envelopes)
+    now = clock.now()
+    day = clock.budget_day(now)
+    for account_id, indexes in by_account.items():
+        with transaction.atomic():
+            if not standing.lock(account_id=account_id, queue=queue):
+                services.budgets_ensure_defaults(account=Account.objects.get(pk=account_id))
+                standing.lock(account_id=account_id, queue=queue)
+            state = standing.read(account_id=account_id, queue=queue, day=day)
+            fits = 0 if state.unreserved_ms <= 0 or state.held else max(0, state.free_slots)
+            go, wait = indexes[:fits], indexes[fits:]
+            expires = standing.dispatch_lease_expiry()
+            Reservation.objects.bulk_create([
+                Reservation(account_id=account_id, queue=queue, day=day, job=envelopes[i].job, ref=envelopes[i].ref,
+                            status=ReservationStatus.DISPATCHED, lease_expires_at=expires) for i in go])
+            for i in go:
+                verdicts[i] = True
+            if wait:
+                _hold(state, [envelopes[i] for i in wait], account_id=account_id, queue=queue, day=day, now=now)
+    return verdicts
+
+
+def _hold(state: standing.Standing, envelopes: list[Envelope], *, account_id: int, queue: str, day, now) -> None:
+    if state.unreserved_ms <= 0:
+        reason, eligible_at = standing.out_of_budget(state, now)
+    else:
+        reason, eligible_at = (DeferReason.QUEUED_BEHIND if state.held else DeferReason.CONCURRENCY_CAP), now
+    hold_many(envelopes=envelopes[:1], queue=queue, reason=reason, eligible_at=eligible_at)
+    if len(envelopes) > 1:
+        behind = DeferReason.QUEUED_BEHIND if reason == DeferReason.CONCURRENCY_CAP else reason
+        hold_many(envelopes=envelopes[1:], queue=queue, reason=behind, eligible_at=eligible_at)
+    usage_id = standing.usage_id(state, account_id=account_id, queue=queue, day=day)
+    UsageDay.objects.filter(pk=usage_id).update(deferrals=F("deferrals") + len(envelopes))

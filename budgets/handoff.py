@@ -1,0 +1,141 @@
+"""Where a freed slot goes: to the account's oldest held job, released to the broker
+(`release`), or, for work conservation, claimed for a free worker that runs it without a broker
+round trip.
+
+Two ways to claim, both deciding under the account's Budget row lock (budgets.standing) and both
+taking the job's slot (a DISPATCHED reservation, leased for FAIRSHARE["HANDOFF_CLAIM_LEASE_S"])
+in the same transaction as the claim on the held row (scheduling.holding.claim_oldest):
+
+- hand-off: a settlement that frees a slot gives it to the same account's oldest eligible held
+  job and returns it to the settling worker (`hand_off`, called inside `services.settle`);
+- pull: a worker with nothing handed off claims another account's job into a free slot, in fair
+  order (`pull`): accounts with the fewest slots in use first, then the one waiting longest.
+
+The worker runs the claimed job at once (scheduling.runtime.execute); its admission takes over
+the slot and completes the claim. If the worker dies first, the claim and the slot expire
+together and the job is released again: nothing is lost, and a claimant that lost its claim
+does not run the job, so nothing runs twice.
+"""
+import datetime as dt
+from dataclasses import dataclass
+
+from django.conf import settings
+from django.db import connection, transaction
+from django.utils import timezone
+
+from budgets import clock, standing
+from budgets.models import Budget, Reservation, ReservationStatus
+from budgets.standing import Standing
+from scheduling.envelope import Envelope
+from scheduling.holding import claim_oldest, release_oldest
+from scheduling.models import DeferredTask
+
+# A claimant yields to the broker (returns to django-q2) when a job sent to the broker on this
+# queue has waited this long without starting: every worker is busy, and a worker that kept
+# running held work would leave it waiting (up to a whole hand-off window). About two polls of
+# FAIRSHARE_POLL's default, so a message an idle worker is about to fetch does not count.
+BROKER_WAIT_YIELD_S = 0.25
+
+# How many accounts a pull looks at before it gives up (each one it cannot use is skipped, e.g.
+# its Budget row is locked by a settlement that is about to hand the slot off itself).
+PULL_CANDIDATES = 4
+
+
+@dataclass(frozen=True)
+class Settled:
+    """What a settlement returns (budgets.services.settle)."""
+
+    handoff: Envelope | None = None  # the held job claimed for the settling worker
+
+
+def release(*, account_id: int, queue: str, state: Standing, limit: int, day: dt.date) -> int:
+    """Send the account's oldest due held jobs into its free slots (each dispatched)."""
+    if not state.held or (state.unreserved_ms <= 0 and state.active):
+        return 0  # nothing waits, or it would only be held again until a run gives budget back
+    released = release_oldest(account_id=account_id, queue=queue, limit=min(limit, state.free_slots))
+    for held in released:
+        standing.dispatch(envelope=Envelope(job=held.job, account=account_id, ref=held.ref), queue=queue, day=day)
+    return len(released)
+
+
+def hand_off(
+    *, account_id: int, queue: str, state: Standing, day: dt.date, worker: str, yield_to_broker: bool = True,
+) -> Envelope | None:
+    """In the settling transaction, under the account's lock: claim its oldest eligible held job
+    for `worker` into the slot the settlement just freed."""
+    # The same test as `release`: a job whose account has nothing left to reserve goes all the
+    # same when none of its runs is active (its admission then holds it until the next day).
+    if not state.held or state.free_slots <= 0 or (state.unreserved_ms <= 0 and state.active):
+        return None  # nothing waits, or it would only be held again until a run gives budget back
+    if yield_to_broker and _broker_backlog(queue):
+        return None  # the caller releases it to the broker instead, behind what waits there
+    task = claim_oldest(account_id=account_id, queue=queue, worker=worker,
+                        lease_s=settings.FAIRSHARE["HANDOFF_CLAIM_LEASE_S"])
+    if task is None:
+        return None
+    envelope = Envelope(job=task.job, account=account_id, ref=task.ref)
+    standing.dispatch(envelope=envelope, queue=queue, day=day, lease_s=settings.FAIRSHARE["HANDOFF_CLAIM_LEASE_S"])
+    return envelope
+
+
+# A job sent to the broker on the queue waits for a worker: a dispatched slot older than
+# BROKER_WAIT_YIELD_S (a claimed job's slot is not one: its held row is still there).
+_WAITING_IN_BROKER = """
+SELECT 1 FROM {reservation} r
+ WHERE r.queue = %s AND r.status = %s AND r.created_at < %s
+   AND NOT EXISTS (SELECT 1 FROM {deferred} d WHERE d.job = r.job AND d.ref = r.ref)
+""".format(reservation=Reservation._meta.db_table, deferred=DeferredTask._meta.db_table)
+_BACKLOG_SQL = f"SELECT EXISTS ({_WAITING_IN_BROKER})"
+
+# Accounts with eligible held work on a queue and a free slot there, fewest slots in use first,
+# then the one whose oldest held job waited longest; none while work waits in the broker. One
+# statement: it runs after every task that hands nothing off. (Budget rows of accounts with none yet get their defaults at admission,
+# so an account without a Budget row is not pulled: its broker message or the pulse releases it.)
+_CANDIDATES_SQL = """
+SELECT d.account_id, MIN(d.created_at) AS oldest, b.max_concurrent,
+       (SELECT COUNT(*) FROM {reservation} r
+         WHERE r.account_id = d.account_id AND r.queue = %s AND r.status IN (%s, %s)) AS in_flight
+  FROM {deferred} d
+  JOIN {budget} b ON b.account_id = d.account_id AND b.queue = d.queue
+ WHERE d.queue = %s AND d.eligible_at <= %s AND (d.claim_expires_at IS NULL OR d.claim_expires_at < %s)
+ GROUP BY d.account_id, b.max_concurrent
+""".format(reservation=Reservation._meta.db_table, deferred=DeferredTask._meta.db_table,
+           budget=Budget._meta.db_table)
+_FAIR_ORDER_SQL = f"""
+SELECT account_id FROM ({_CANDIDATES_SQL}) c
+ WHERE c.in_flight < c.max_concurrent AND NOT EXISTS ({_WAITING_IN_BROKER})
+ ORDER BY c.in_flight, c.oldest LIMIT %s
+"""
+
+
+def _waiting_since() -> dt.datetime:
+    return timezone.now() - dt.timedelta(seconds=BROKER_WAIT_YIELD_S)
+
+
+def _broker_backlog(queue: str) -> bool:
+    """Whether a job sent to the broker on `queue` waits for a worker."""
+    with connection.cursor() as cursor:
+        cursor.execute(_BACKLOG_SQL, [queue, ReservationStatus.DISPATCHED, _waiting_since()])
+        return bool(cursor.fetchone()[0])
+
+
+def pull(*, queue: str, worker: str) -> Envelope | None:
+    """Claim one eligible held job of `queue` for `worker` into a free slot, in fair order."""
+    now = clock.now()
+    with connection.cursor() as cursor:
+        cursor.execute(_FAIR_ORDER_SQL, [queue, *standing.IN_FLIGHT, queue, now, now,
+                                         queue, ReservationStatus.DISPATCHED, _waiting_since(), PULL_CANDIDATES])
+        candidates = [row[0] for row in cursor.fetchall()]
+    day = clock.budget_day(now)
+    for account_id in candidates:
+        with transaction.atomic():
+            # SKIP LOCKED: an account whose lock is taken is being admitted or settled right now
+            # (a settlement hands its own slot off); try the next instead of waiting.
+            if not standing.lock(account_id=account_id, queue=queue, skip_locked=True):
+                continue
+            state = standing.read(account_id=account_id, queue=queue, day=day)
+            claimed = hand_off(account_id=account_id, queue=queue, state=state, day=day, worker=worker,
+                               yield_to_broker=False)  # (the candidates query looked)
+        if claimed is not None:
+            return claimed
+    return None

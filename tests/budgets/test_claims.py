@@ -1,0 +1,127 @@
+"""Hand-off and pull in-process: which held job a freed slot goes to, and what a claim guarantees
+(budgets.handoff, scheduling.holding claims). The same with real workers: test_handoff.py."""
+import datetime as dt
+
+import pytest
+from django.utils import timezone
+from django_q.models import OrmQ
+
+from budgets.handoff import pull
+from budgets.models import Budget, Reservation, ReservationStatus
+from budgets.services import admit, reclaim_expired, release_due, settle
+from scheduling import clock
+from scheduling.envelope import Envelope
+from scheduling.holding import hold
+from scheduling.models import DeferReason, DeferredTask
+from scheduling.runtime import enqueue_many
+from tests.budgets.test_admission import meter
+from tests.factories import AccountFactory
+
+pytestmark = pytest.mark.django_db
+
+
+def budget(account, cap: int) -> Budget:
+    return Budget.objects.create(account=account, queue="default", cpu_seconds_per_day=100, max_concurrent=cap)
+
+
+def run(account, ref: str, claim: str | None = None):
+    return admit(envelope=Envelope(job="tests.noop", account=account.pk, ref=ref), queue="default", estimate_ms=10,
+                 task_run_id=None, worker="w", claim=claim)
+
+
+def test_settlement_hands_the_freed_slot_to_the_accounts_oldest_held_job(account):
+    budget(account, cap=1)
+    enqueue_many(job="tests.noop", work=[(account.pk, f"0/{i}") for i in range(3)])
+    first = run(account, "0/0")
+
+    settled = settle(reservation_id=first.reservation_id, account_id=account.pk, queue="default", meter=meter(5),
+                     handoff_to="w1")
+
+    assert settled.handoff == Envelope(job="tests.noop", account=account.pk, ref="0/1")
+    assert OrmQ.objects.count() == 1  # the first job's message only: nothing went to the broker
+    claimed = DeferredTask.objects.get(ref="0/1")
+    assert claimed.claimed_by == "w1"
+    slot = Reservation.objects.get()
+    assert (slot.ref, slot.status) == ("0/1", ReservationStatus.DISPATCHED)
+    # Its run takes over the slot and takes the job out of the holding area; the next waits.
+    assert run(account, "0/1", claim="w1").admitted
+    assert list(DeferredTask.objects.values_list("ref", "claimed_by")) == [("0/2", "")]
+
+
+def test_a_claimant_that_lost_its_claim_does_not_run_the_job(account):
+    budget(account, cap=1)
+    enqueue_many(job="tests.noop", work=[(account.pk, f"0/{i}") for i in range(2)])
+    first = run(account, "0/0")
+    settle(reservation_id=first.reservation_id, account_id=account.pk, queue="default", meter=meter(5),
+           handoff_to="w1")
+    # w1 stalls past its claim's lease: the claim and the slot taken for it expire ...
+    DeferredTask.objects.update(claim_expires_at=clock.now() - dt.timedelta(seconds=1))
+    Reservation.objects.update(lease_expires_at=timezone.now() - dt.timedelta(seconds=1))
+    assert reclaim_expired() == 1  # ... and the job is released to the broker, on a new slot.
+    assert release_due() == 0
+    assert not DeferredTask.objects.exists()
+    assert Reservation.objects.get().status == ReservationStatus.DISPATCHED
+
+    late = run(account, "0/1", claim="w1")
+
+    assert not late.admitted and late.reason is None  # skipped, not held: nothing runs it twice
+    assert not DeferredTask.objects.exists()
+    assert run(account, "0/1").admitted  # the copy that was sent runs it, once
+
+
+def test_an_expired_claim_is_released_like_any_held_job(account):
+    budget(account, cap=1)
+    enqueue_many(job="tests.noop", work=[(account.pk, f"0/{i}") for i in range(2)])
+    first = run(account, "0/0")
+    settle(reservation_id=first.reservation_id, account_id=account.pk, queue="default", meter=meter(5),
+           handoff_to="w1")
+    assert release_due() == 0  # claimed, and its slot taken: nothing to release
+    Reservation.objects.all().delete()  # (as if the slot's lease had expired and been reclaimed)
+    assert release_due() == 0  # the claim itself is still live
+
+    DeferredTask.objects.update(claim_expires_at=clock.now() - dt.timedelta(seconds=1))
+
+    assert release_due() == 1
+    assert not DeferredTask.objects.exists()
+
+
+def test_pull_serves_the_account_with_the_fewest_slots_in_use_first_and_only_into_free_slots():
+    full, busy, idle = AccountFactory(slug="full"), AccountFactory(slug="busy"), AccountFactory(slug="idle")
+    budget(full, cap=1)
+    budget(busy, cap=3)
+    budget(idle, cap=3)
+    # Held in this order (full's waited longest): full at its cap with one held; busy with 3 sent
+    # and 2 held, then one of its slots freed; idle with nothing sent and one held.
+    enqueue_many(job="tests.noop", work=[(full.pk, "0/f-0"), (full.pk, "0/f-1")])
+    enqueue_many(job="tests.noop", work=[(busy.pk, f"0/b-{i}") for i in range(5)])
+    Reservation.objects.filter(ref="0/b-0").delete()
+    Reservation.objects.update(status=ReservationStatus.ACTIVE)  # the rest are running
+    hold(envelope=Envelope(job="tests.noop", account=idle.pk, ref="0/i-0"), queue="default",
+         reason=DeferReason.RETRY_BACKOFF, eligible_at=clock.now())
+
+    pulled = [pull(queue="default", worker="w2") for _ in range(3)]
+
+    assert pulled == [Envelope(job="tests.noop", account=idle.pk, ref="0/i-0"),  # no slot in use
+                      Envelope(job="tests.noop", account=busy.pk, ref="0/b-3"),  # its oldest held
+                      None]  # busy is at its cap now, and full was all along
+    assert DeferredTask.objects.get(ref="0/f-1").claimed_by == ""
+    assert Reservation.objects.filter(account=busy).count() == 3
+
+
+def test_a_worker_yields_to_work_waiting_in_the_broker_instead_of_claiming(account, other_account):
+    budget(account, cap=1)
+    budget(other_account, cap=2)
+    enqueue_many(job="tests.noop", work=[(account.pk, f"0/{i}") for i in range(2)])
+    first = run(account, "0/0")
+    # Another account's job was sent a while ago and no worker has started it: all are busy.
+    enqueue_many(job="tests.noop", work=[(other_account.pk, "0/waiting")])
+    Reservation.objects.filter(ref="0/waiting").update(created_at=timezone.now() - dt.timedelta(seconds=5))
+
+    settled = settle(reservation_id=first.reservation_id, account_id=account.pk, queue="default", meter=meter(5),
+                     handoff_to="w1")
+
+    assert settled.handoff is None  # the worker goes back to the broker ...
+    assert pull(queue="default", worker="w1") is None
+    slot = Reservation.objects.get(account=account)  # ... and the freed slot's job is sent there
+    assert (slot.ref, slot.status) == ("0/1", ReservationStatus.DISPATCHED)
+    assert not DeferredTask.objects.exists()

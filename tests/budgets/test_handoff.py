@@ -1,0 +1,119 @@
+"""Work conservation with real `qcluster` workers: a settling run hands its slot straight to its
+account's next held job, and a free worker pulls other accounts' held work, with no broker round
+trip (budgets.handoff, scheduling.runtime.execute).
+
+What a user would notice: every job runs exactly once, an account never has more runs at once
+than its cap (the recorded run intervals say so), its jobs start in the order they were sent,
+the ledger adds up to the recorded runs, and a worker killed between claiming a job and starting
+it loses nothing.
+"""
+import pytest
+
+from budgets import clock
+from budgets.models import Reservation
+from budgets.services import reclaim_expired
+from scheduling.models import DeferredTask, Outcome, TaskRun
+from scheduling.runtime import enqueue
+from tests.budgets.test_processes import (
+    ADMITTED, give_budget, ledger_totals, recorded_totals, runs_of, usage, wait,
+)
+from tests.factories import AccountFactory
+
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.processes]
+
+
+def most_at_once(runs) -> int:
+    """The most runs of these that overlapped at any moment (recorded start to recorded end)."""
+    edges = sorted([(r.started_at, 1) for r in runs] + [(r.finished_at, -1) for r in runs])
+    at_once = peak = 0
+    for _, step in edges:  # an end sorts before a start at the same instant: they do not overlap
+        at_once += step
+        peak = max(peak, at_once)
+    return peak
+
+
+def is_dead(pid: int) -> bool:
+    """Gone, or a zombie its parent (the qcluster) has not reaped yet."""
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            return stat.read().rsplit(")", 1)[1].split()[0] == "Z"
+    except FileNotFoundError:
+        return True
+
+
+def drained(*accounts) -> bool:
+    return (not DeferredTask.objects.filter(account__in=accounts).exists()
+            and not Reservation.objects.filter(account__in=accounts).exists()
+            and not TaskRun.objects.filter(account__in=accounts, outcome=Outcome.RUNNING).exists())
+
+
+def assert_ran_once_within_cap_in_order(account, refs: list[str], *, cap: int) -> None:
+    succeeded = list(runs_of(account, outcome=Outcome.SUCCEEDED).values_list("ref", flat=True))
+    assert sorted(succeeded) == sorted(refs)  # each exactly once
+    admitted = list(runs_of(account, outcome__in=ADMITTED).order_by("started_at", "pk"))
+    assert len(admitted) == len(refs)
+    assert most_at_once(admitted) <= cap
+    if cap == 1:  # one at a time: they start in the order they were sent
+        assert [run.ref for run in admitted] == refs
+    assert ledger_totals(account, clock.budget_day()) == recorded_totals(runs_of(account, outcome__in=ADMITTED))
+    assert usage(account).cpu_reserved_ms == 0
+
+
+def test_a_capped_accounts_backlog_runs_through_hand_offs_one_at_a_time_in_order(account, start_cluster):
+    give_budget(account, cpu_seconds=1000, max_concurrent=1)
+    cluster = start_cluster("default", FAIRSHARE_WORKERS="2")
+    refs = [f"20/{i}" for i in range(40)]
+    for ref in refs:
+        enqueue(job="tests.sleep", account=account.pk, ref=ref)
+
+    wait(lambda: runs_of(account, outcome=Outcome.SUCCEEDED).count() >= len(refs) and drained(account),
+         timeout=90, what="the backlog to run", clusters=[cluster])
+    assert_ran_once_within_cap_in_order(account, refs, cap=1)
+
+
+def test_free_workers_pull_other_accounts_held_work_without_exceeding_any_cap(start_cluster):
+    wide, narrow, single = AccountFactory(slug="wide"), AccountFactory(slug="narrow"), AccountFactory(slug="single")
+    give_budget(wide, cpu_seconds=1000, max_concurrent=3)
+    give_budget(narrow, cpu_seconds=1000, max_concurrent=2)
+    give_budget(single, cpu_seconds=1000, max_concurrent=1)
+    cluster = start_cluster("default", FAIRSHARE_WORKERS="3")
+    sent = {}
+    for i in range(25):  # interleaved floods: most of each waits in the holding area
+        for account in (wide, narrow, single):
+            ref = f"{10 + 7 * (i % 3)}/{account.slug}-{i}"
+            sent.setdefault(account, []).append(ref)
+            enqueue(job="tests.sleep", account=account.pk, ref=ref)
+
+    wait(lambda: TaskRun.objects.filter(outcome=Outcome.SUCCEEDED).count() >= 75 and drained(wide, narrow, single),
+         timeout=120, what="all three backlogs to run", clusters=[cluster])
+    for account, cap in ((wide, 3), (narrow, 2), (single, 1)):
+        assert_ran_once_within_cap_in_order(account, sent[account], cap=cap)
+
+
+def test_a_worker_killed_after_claiming_a_held_job_loses_and_duplicates_nothing(account, start_cluster, tmp_path):
+    give_budget(account, cpu_seconds=1000, max_concurrent=1)
+    marker = tmp_path / "fault-fired"
+    cluster = start_cluster(
+        "default", FAIRSHARE_WORKERS="2", FAIRSHARE_FAULT="before_handoff", FAIRSHARE_FAULT_MARKER=str(marker),
+        # The claim and its slot expire 2 s after the worker died instead of 30 s.
+        FAIRSHARE_HANDOFF_CLAIM_LEASE_S="2",
+    )
+    refs = [f"20/{i}" for i in range(8)]
+    for ref in refs:
+        enqueue(job="tests.sleep", account=account.pk, ref=ref)
+
+    # The first run settles and hands its slot to the second job; the worker dies before running it.
+    wait(marker.exists, timeout=30, what="the fault point to fire", clusters=[cluster])
+    claimed = wait(lambda: DeferredTask.objects.filter(account=account).exclude(claimed_by="").first(),
+                   timeout=10, what="the claimed job to stay in the holding area", clusters=[cluster])
+    assert claimed.ref == refs[1]
+    claimant = int(claimed.claimed_by.rsplit(":", 1)[1])
+    # (The marker is written just before the process kills itself.)
+    wait(lambda: is_dead(claimant), timeout=10, what="the claimant to be dead", clusters=[cluster])
+
+    def recovered():
+        reclaim_expired()  # the reclaim schedule's work: the dead claim's slot comes back
+        return runs_of(account, outcome=Outcome.SUCCEEDED).count() >= len(refs) and drained(account)
+    wait(recovered, timeout=90, interval=0.5, what="the claimed job and the rest to run", clusters=[cluster])
+    assert_ran_once_within_cap_in_order(account, refs, cap=1)
+    assert usage(account).runs == len(refs)
