@@ -201,40 +201,35 @@ admin.site.unregister(get_user_model())
 admin.site.unregister(Group)
 
 
+class SuperuserWrites:
+    """People and groups are the platform's: only superusers add, change or delete them."""
+
+    def has_add_permission(self, request):
+        return request.user.is_superuser
+
+    def has_change_permission(self, request, obj=None):
+        return request.user.is_superuser
+
+    def has_delete_permission(self, request, obj=None):
+        return request.user.is_superuser
+
+
 @admin.register(get_user_model())
-class ScopedUserAdmin(UserAdmin):
+class ScopedUserAdmin(SuperuserWrites, UserAdmin):
     def get_queryset(self, request):
         return users_visible_to(user=request.user) if not request.user.is_superuser else super().get_queryset(request)
 
     def get_list_filter(self, request):
         return super().get_list_filter(request) if request.user.is_superuser else ["is_active"]
 
-    def has_add_permission(self, request):
-        return request.user.is_superuser
-
-    def has_change_permission(self, request, obj=None):
-        return request.user.is_superuser
-
-    def has_delete_permission(self, request, obj=None):
-        return request.user.is_superuser
-
     def _get_obj_does_not_exist_redirect(self, request, opts, object_id):
         raise Http404("No user with this id.")
 
 
 @admin.register(Group)
-class SuperuserGroupAdmin(GroupAdmin):
+class SuperuserGroupAdmin(SuperuserWrites, GroupAdmin):
     def has_module_permission(self, request):
         return request.user.is_superuser
 
     def has_view_permission(self, request, obj=None):
-        return request.user.is_superuser
-
-    def has_add_permission(self, request):
-        return request.user.is_superuser
-
-    def has_change_permission(self, request, obj=None):
-        return request.user.is_superuser
-
-    def has_delete_permission(self, request, obj=None):
         return request.user.is_superuser

@@ -246,6 +246,10 @@ def reclaim_expired() -> int:
                 continue
             if reservation.status == ReservationStatus.DISPATCHED:
                 reservation.delete()  # if the message turns up after all, admission checks it again
+                # Its message was lost (Redis delivers at most once): the job waits in the holding
+                # area to be sent again, so a lost message costs latency, never the job.
+                hold(envelope=Envelope(job=reservation.job, account=account_id, ref=reservation.ref),
+                     queue=queue, reason=DeferReason.MESSAGE_LOST, eligible_at=clock.now())
             else:
                 charge = _reclaim_charge(reservation)
                 UsageDay.objects.filter(account_id=account_id, queue=queue, day=reservation.day).update(
@@ -279,7 +283,7 @@ def release_due() -> int:
     released = 0
     now = clock.now()
     day = clock.budget_day(now)
-    pairs = (DeferredTask.objects.filter(eligible(now))
+    pairs = (DeferredTask.objects.filter(eligible(now), account__isnull=False)  # account work only
              .values_list("account_id", "queue").distinct().order_by())
     for account_id, queue in pairs:
         with transaction.atomic():

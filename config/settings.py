@@ -130,18 +130,28 @@ STATIC_ROOT = VAR_DIR / "static"
 
 # --- Export storage -------------------------------------------------------------------------
 # Local files by default; S3 through django-storages when FAIRSHARE_EXPORTS_S3_BUCKET is set.
-if env.EXPORTS_S3_BUCKET.read():
-    EXPORTS_STORAGE = {
+def s3_exports_storage(*, bucket: str, endpoint_url: str | None, region: str | None) -> dict:
+    """STORAGES["exports"] on S3 (the test suite builds its own bucket's with this too).
+    Credentials come the standard AWS way: environment, shared config, instance role."""
+    return {
         "BACKEND": "storages.backends.s3.S3Storage",
         "OPTIONS": {
-            "bucket_name": env.EXPORTS_S3_BUCKET.read(),
-            "endpoint_url": env.EXPORTS_S3_ENDPOINT_URL.read() or None,
-            "region_name": env.EXPORTS_S3_REGION.read() or None,
+            "bucket_name": bucket,
+            "endpoint_url": endpoint_url or None,
+            "region_name": region or None,
             "default_acl": "private",
             "querystring_auth": True,
+            # Requests signed with SigV4 (every region accepts it; SigV2 is retired).
+            "signature_version": "s3v4",
             "file_overwrite": True,
         },
     }
+
+
+if env.EXPORTS_S3_BUCKET.read():
+    EXPORTS_STORAGE = s3_exports_storage(bucket=env.EXPORTS_S3_BUCKET.read(),
+                                         endpoint_url=env.EXPORTS_S3_ENDPOINT_URL.read(),
+                                         region=env.EXPORTS_S3_REGION.read())
 else:
     EXPORTS_STORAGE = {
         # Any FileSystemStorage subclass (the test suite points this at a failing one).

@@ -28,7 +28,11 @@ def release_held(*, user, deferred_ids: list[int]) -> list[ItemResult]:
             if why:
                 results.append(ItemResult(f"held task {deferred_id}", False, why))
                 continue
-            holding.release_now(deferred_ids=[task.pk])
+            if not holding.release_now(deferred_ids=[task.pk]):
+                # A message parked for a newer worker: this process does not speak its version.
+                results.append(ItemResult(str(task), False, f"needs a worker that speaks envelope "
+                                          f"v{task.envelope_version}: such a worker releases it when it runs"))
+                continue
             log_action(user=user, obj=task, message=f"Released from the holding area (was: {task.get_reason_display()})")
             results.append(ItemResult(str(task), True, "released to the queue"))
     return results

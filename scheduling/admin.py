@@ -7,7 +7,7 @@ from budgets.models import Role
 from budgets.tenancy import ReadOnlyAdmin, accounts_visible_to, action_role
 from scheduling import clock
 from scheduling.actions import release_held
-from scheduling.models import DeferredTask, Pause, TaskRun, TaskRunDaily, WorkerHeartbeat
+from scheduling.models import DeferReason, DeferredTask, Pause, TaskRun, TaskRunDaily, WorkerHeartbeat
 from scheduling.operator import message_results
 from scheduling.pausing import UNTIL_RESUMED, pause, resume
 
@@ -34,8 +34,9 @@ class TaskRunAdmin(ReadOnlyAdmin):
 class DeferredTaskAdmin(ReadOnlyAdmin):
     """The holding area: why is this waiting, and until when?"""
 
-    list_display = ["job", "ref", "account", "queue", "reason", "eligible_at", "eta", "deferrals", "created_at"]
-    list_filter = ["reason", "queue", "job", "account"]
+    list_display = ["job", "ref", "account", "queue", "reason", "eligible_at", "eta", "deferrals",
+                    "envelope_version", "created_at"]
+    list_filter = ["reason", "queue", "job", "account", "envelope_version"]
     search_fields = ["ref", "job"]
     list_select_related = ["account"]
     actions = ["release"]
@@ -43,6 +44,8 @@ class DeferredTaskAdmin(ReadOnlyAdmin):
     @admin.display(description="ETA")
     def eta(self, obj):
         now = clock.now()  # held work's times are on the kernel's (shiftable) clock
+        if obj.reason == DeferReason.NEEDS_NEWER_WORKER:
+            return f"when a worker that speaks envelope v{obj.envelope_version} runs"
         if obj.eligible_at >= UNTIL_RESUMED:
             return "when resumed"
         if obj.eligible_at <= now:

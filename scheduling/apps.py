@@ -40,5 +40,6 @@ class SchedulingConfig(AppConfig):
         from scheduling import checks as kernel_checks
 
         for check in (kernel_checks.check_clusters, kernel_checks.check_pulse, kernel_checks.check_stall_threshold,
-                      kernel_checks.check_metrics_networks, kernel_checks.check_logging_redacts):
+                      kernel_checks.check_metrics_networks, kernel_checks.check_logging_redacts,
+                      kernel_checks.check_envelope_version):
             checks.register(check, "fairshare")

@@ -10,6 +10,7 @@ from django.core import checks
 
 from budgets.models import Queue
 from scheduling.conf import clusters
+from scheduling.envelope import known_version
 
 
 def check_clusters(app_configs=None, **kwargs) -> list[checks.CheckMessage]:
@@ -105,3 +106,15 @@ def check_logging_redacts(app_configs=None, **kwargs) -> list[checks.CheckMessag
     return [checks.Error(
         f"Log handlers without redaction: {', '.join(bare)}.",
         hint='Add "filters": ["redact"] to the handler in LOGGING (config/settings.py).', id="scheduling.E006")]
+
+
+def check_envelope_version(app_configs=None, **kwargs) -> list[checks.CheckMessage]:
+    """Producers send a version this code can build: 1 up to the newest it speaks."""
+    sent, newest = settings.FAIRSHARE["ENVELOPE_VERSION"], known_version()
+    if not 1 <= sent <= newest:
+        return [checks.Error(
+            f'FAIRSHARE["ENVELOPE_VERSION"] is {sent}: this code speaks envelope versions 1 to {newest}.',
+            hint="Unset FAIRSHARE_ENVELOPE_VERSION (the newest), or pin the version the oldest worker still "
+                 "running speaks during a rolling upgrade (docs/deploy.md).",
+            id="scheduling.E007")]
+    return []

@@ -111,6 +111,9 @@ SETTINGS = (
                 "the tests load `tests.jobs`"),
     Setting("TASK_RUN_RETENTION_DAYS", "FAIRSHARE_TASK_RUN_RETENTION_DAYS", 14, parse=int, unit="days",
             doc="maintenance rolls task runs older than this up per day and prunes them"),
+    Setting("ENVELOPE_VERSION", "FAIRSHARE_ENVELOPE_VERSION", 1, parse=int,
+            doc="the envelope version producers send (web, schedules, released work); pin the old one while "
+                "a rolling upgrade has workers that do not speak the new one yet (docs/deploy.md)"),
     Setting("DJANGO_Q_RETENTION_DAYS", "FAIRSHARE_DJANGO_Q_RETENTION_DAYS", 7, parse=int, unit="days",
             doc="maintenance deletes django-q2's own task rows (failures) older than this"),
 )

@@ -6,17 +6,25 @@ Claim = a worker takes a held job to run it itself, straight away, without a bro
 (a hand-off when its account's run settles, a pull when a worker has nothing else to do): the row
 stays, marked with the worker and a lease, until that run is admitted (`claim_complete`). A claim
 whose lease expired (its worker died) is eligible again: the next release or claim takes it.
+
+A process releases only work whose envelope version it speaks (`eligible`): messages parked for
+a newer worker (rolling upgrades, `park`) wait for an upgraded one, whoever runs the release, and
+are never claimed: they go back to the broker unchanged.
 """
 import datetime as dt
+import hashlib
+import json
 import logging
+from typing import Any
 
 from django.db import transaction
 from django.db.models import F, Q
 
+from budgets.models import Account
 from scheduling import clock
-from scheduling.envelope import Envelope
-from scheduling.models import DeferredTask
-from scheduling.runtime import close_old_connections, enqueue_gates, send_on_commit
+from scheduling.envelope import MAX_REF_LENGTH, Envelope, known_version
+from scheduling.models import DeferReason, DeferredTask
+from scheduling.runtime import close_old_connections, enqueue_gates, send_message, send_on_commit
 
 logger = logging.getLogger("fairshare.tasks")
 
@@ -46,6 +54,25 @@ def hold_many(*, envelopes: list[Envelope], queue: str, reason: str, eligible_at
     )
 
 
+def park(*, message: dict[str, Any], version: int, queue: str) -> DeferredTask:
+    """Keep a message of a newer envelope version than this worker speaks, unchanged, until a worker
+    that speaks it releases it. Keyed like held work by (job, ref), read as far as v1 can."""
+    job, account, ref = message.get("job"), message.get("account"), message.get("ref")
+    job = job[:100] if isinstance(job, str) and job else "(newer envelope)"
+    if not isinstance(ref, str) or len(ref) > MAX_REF_LENGTH:  # a shape v1 cannot key: its digest
+        ref = hashlib.sha256(json.dumps(message, sort_keys=True, default=str).encode()).hexdigest()
+    valid_account = type(account) is int and Account.objects.filter(pk=account).exists()
+    parked, _ = DeferredTask.objects.update_or_create(
+        job=job, ref=ref,
+        defaults={"reason": DeferReason.NEEDS_NEWER_WORKER, "envelope_version": version, "message": message,
+                  "claimed_by": "", "claim_expires_at": None},
+        create_defaults={"account_id": account if valid_account else None, "queue": queue,
+                         "reason": DeferReason.NEEDS_NEWER_WORKER, "eligible_at": clock.now(),
+                         "envelope_version": version, "message": message},
+    )
+    return parked
+
+
 def unhold(*, job: str, ref: str) -> int:
     """Take a job out of the holding area without sending it (its work was cancelled); returns
     how many rows went (0 or 1)."""
@@ -54,8 +81,10 @@ def unhold(*, job: str, ref: str) -> int:
 
 
 def eligible(now: dt.datetime) -> Q:
-    """Held work that may go now: its time has come and no live claim covers it."""
-    return Q(eligible_at__lte=now) & (Q(claim_expires_at__isnull=True) | Q(claim_expires_at__lt=now))
+    """Held work that may go now: its time has come, no live claim covers it, and this process
+    speaks its envelope version."""
+    return (Q(eligible_at__lte=now) & (Q(claim_expires_at__isnull=True) | Q(claim_expires_at__lt=now))
+            & Q(envelope_version__lte=known_version()))
 
 
 def claim_oldest(*, account_id: int, queue: str, worker: str, lease_s: float) -> DeferredTask | None:
@@ -67,7 +96,9 @@ def claim_oldest(*, account_id: int, queue: str, worker: str, lease_s: float) ->
     """
     now = clock.now()
     task = (DeferredTask.objects.select_for_update(skip_locked=True)
-            .filter(eligible(now), account_id=account_id, queue=queue).order_by("created_at", "id").first())
+            # A parked message is never claimed: it goes back to the broker as it came.
+            .filter(eligible(now), account_id=account_id, queue=queue, message__isnull=True)
+            .order_by("created_at", "id").first())
     if task is None:
         return None
     task.claimed_by, task.claim_expires_at = worker, now + dt.timedelta(seconds=lease_s)
@@ -124,7 +155,8 @@ def release_oldest(*, account_id: int, queue: str, limit: int) -> list[DeferredT
 def release_now(*, deferred_ids: list[int]) -> int:
     """An operator's release: back to the broker now, whatever the reason it was held."""
     with transaction.atomic():
-        held = list(DeferredTask.objects.select_for_update(skip_locked=True).filter(pk__in=deferred_ids))
+        held = list(DeferredTask.objects.select_for_update(skip_locked=True)
+                    .filter(pk__in=deferred_ids, envelope_version__lte=known_version()))
         _send_back(held)
     return len(held)
 
@@ -136,12 +168,13 @@ def release_due() -> int:
     free slots); with no gate configured, all of it goes. Returns how many were released.
     """
     gates = enqueue_gates()
-    if gates:
-        return sum(gate.release_due() for gate in gates)
+    released = sum(gate.release_due() for gate in gates)
     with transaction.atomic():
-        due = list(DeferredTask.objects.select_for_update(skip_locked=True).filter(eligible(clock.now())))
+        # Gates see account work only: parked account-less messages go straight back.
+        due = DeferredTask.objects.select_for_update(skip_locked=True).filter(eligible(clock.now()))
+        due = list(due.filter(account__isnull=True) if gates else due)
         _send_back(due)
-    return len(due)
+    return released + len(due)
 
 
 def _send_back(held: list[DeferredTask]) -> None:
@@ -149,4 +182,9 @@ def _send_back(held: list[DeferredTask]) -> None:
     DeferredTask.objects.filter(pk__in=[task.pk for task in held]).delete()
     for task in held:
         # Sent straight to the broker: admission checks it again when it starts.
-        send_on_commit(job=task.job, account=task.account_id, ref=task.ref)
+        if task.message is not None:  # a parked message goes back as it came
+            message, queue, name, account = task.message, task.queue, f"{task.job}:{task.ref}", task.account_id
+            transaction.on_commit(
+                lambda m=message, q=queue, n=name, a=account: send_message(m, queue=q, name=n, account=a))
+        else:
+            send_on_commit(job=task.job, account=task.account_id, ref=task.ref)

@@ -7,6 +7,8 @@
 import datetime as dt
 import logging
 
+from django_q.conf import Conf
+
 from scheduling import clock, holding, services
 from scheduling import envelope as contract
 from scheduling.models import DeferReason, Outcome
@@ -18,7 +20,8 @@ logger = logging.getLogger("fairshare.tasks")
 
 
 class ContractMiddleware:
-    """Validate the envelope and resolve its job; reject (and record) anything else."""
+    """Validate the envelope and resolve its job; reject (and record) anything else. A message of
+    a newer envelope version than this worker speaks is parked for a worker that speaks it."""
 
     def __init__(self, call_next):
         self.call_next = call_next
@@ -29,6 +32,12 @@ class ContractMiddleware:
             ctx.job = get_job(ctx.envelope.job)
             if ctx.job.account_scoped and ctx.envelope.account is None:
                 raise contract.ContractError(f"job {ctx.job.name!r} needs an account")
+        except contract.NeedsNewerWorker as exc:
+            # A rolling upgrade: a newer producer sent it before this worker was upgraded.
+            held = holding.park(message=ctx.message, version=exc.version, queue=Conf.CLUSTER_NAME)
+            logger.warning("task parked: needs a newer worker",
+                           extra={"deferred_task": held.pk, "envelope_version": exc.version})
+            return
         except contract.ContractError as exc:
             run = services.task_run_reject(message=ctx.message, error=exc)
             logger.error("task rejected", extra={"task_run": run.pk, "error_class": run.error_class})

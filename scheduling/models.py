@@ -62,6 +62,11 @@ class DeferReason(models.TextChoices):
     QUEUED_BEHIND = "queued_behind", "Queued behind the account's held work"
     # An operator paused the account or the queue (scheduling.pausing); resuming releases it.
     PAUSED = "paused", "Paused by an operator"
+    # Released (dispatched) but its message never started within the dispatch lease: sent again.
+    MESSAGE_LOST = "message_lost", "Its message was lost: to be sent again"
+    # Rolling upgrade: the message's envelope version is newer than the worker that got it speaks.
+    # Released only by a worker that speaks it (DeferredTask.envelope_version).
+    NEEDS_NEWER_WORKER = "needs_newer_worker", "Needs a newer worker"
 
 
 class DeferredTask(models.Model):
@@ -73,7 +78,9 @@ class DeferredTask(models.Model):
     claim whose lease expired (the worker died) makes the job eligible again.
     """
 
-    account = models.ForeignKey("budgets.Account", on_delete=models.CASCADE, related_name="deferred_tasks")
+    # Null only for parked account-less work (a maintenance job's message of a newer version).
+    account = models.ForeignKey("budgets.Account", null=True, blank=True, on_delete=models.CASCADE,
+                                related_name="deferred_tasks")
     queue = models.CharField(max_length=40)
     job = models.CharField(max_length=100)
     ref = models.CharField(max_length=64)
@@ -83,6 +90,11 @@ class DeferredTask(models.Model):
     deferrals = models.PositiveIntegerField(default=1, help_text="How often this job was held")
     claimed_by = models.CharField(max_length=100, blank=True, help_text="host:pid of the worker about to run it")
     claim_expires_at = models.DateTimeField(null=True, blank=True, help_text="Eligible again after this")
+    envelope_version = models.PositiveSmallIntegerField(
+        default=1, help_text="Released only by a worker that speaks this envelope version")
+    message = models.JSONField(
+        null=True, blank=True, editable=False,
+        help_text="A parked message exactly as it arrived (identifiers only), sent back unchanged")
 
     class Meta:
         ordering = ["created_at", "id"]

@@ -73,13 +73,17 @@ TaskCall = Callable[[TaskContext], None]
 
 
 def send(*, job: str, account: int | None, ref: str) -> str:
-    """Ring the doorbell: put the envelope in the job's queue, no questions asked."""
+    """Ring the doorbell: put the envelope in the job's queue, no questions asked. It goes as the
+    version FAIRSHARE["ENVELOPE_VERSION"] names (pinned during a rolling upgrade, docs/deploy.md)."""
     spec = get_job(job)
-    envelope = Envelope(job=spec.name, account=account, ref=str(ref))
+    envelope = Envelope(job=spec.name, account=account, ref=str(ref), v=settings.FAIRSHARE["ENVELOPE_VERSION"])
+    return send_message(envelope.to_message(), queue=spec.queue, name=f"{spec.name}:{ref}", account=account)
+
+
+def send_message(message: Any, *, queue: str, name: str, account: int | None) -> str:
+    """Put a message in a queue as it is (a parked message of a newer version goes back unchanged)."""
     group = {"group": ACCOUNT_GROUP.format(account)} if account is not None else {}
-    return async_task(
-        RUNNER, envelope.to_message(), cluster=spec.queue, task_name=f"{spec.name}:{ref}"[:100], **group,
-    )
+    return async_task(RUNNER, message, cluster=queue, task_name=name[:100], **group)
 
 
 def send_on_commit(*, job: str, account: int | None, ref: str) -> None:

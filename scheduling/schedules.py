@@ -7,6 +7,7 @@ its row.
 from dataclasses import dataclass
 
 from croniter import croniter
+from django.conf import settings
 from django.db import transaction
 from django.utils import timezone
 from django_q.models import Schedule
@@ -25,7 +26,9 @@ class CronSchedule:
     cron: str
 
     def envelope(self) -> Envelope:
-        return Envelope(job=self.job, account=None, ref=f"schedule:{self.name}")
+        # The version producers send (stored in the row: `sync_schedules` after changing it).
+        return Envelope(job=self.job, account=None, ref=f"schedule:{self.name}",
+                        v=settings.FAIRSHARE["ENVELOPE_VERSION"])
 
 
 SCHEDULES: tuple[CronSchedule, ...] = (

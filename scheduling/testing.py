@@ -8,6 +8,8 @@ scripts/test exports FAIRSHARE_TESTING=1, and the workers a test starts get it t
 
 Who reads each seam:
   FAIRSHARE_CLOCK_OFFSET        -> FAIRSHARE["CLOCK_OFFSET_S"], read by scheduling/clock.py now()
+  FAIRSHARE_TEST_SPEAKS_ENVELOPE_VERSION -> FAIRSHARE["SPEAKS_ENVELOPE_VERSION"], read by
+                                   scheduling/envelope.py known_version() (a "newer worker")
   FAIRSHARE_FAULT (+ _MARKER)   -> scheduling/faults.py `fault_point` (its points are listed there)
   FAIRSHARE_TEST_GATE           -> tests/jobs.py `hold_exports_worker`
   FAIRSHARE_TEST_PUBLISH_GATE   -> tests/storages.py `GatedStorage`
@@ -31,6 +33,10 @@ CLOCK_OFFSET = Setting(
     "CLOCK_OFFSET_S", "FAIRSHARE_CLOCK_OFFSET", 0, parse=int, unit="s",
     doc="shifts the kernel's clock (holding area, budgets) so a test can move real worker processes to "
         "tomorrow")
+SPEAKS_ENVELOPE_VERSION = Setting(
+    "SPEAKS_ENVELOPE_VERSION", "FAIRSHARE_TEST_SPEAKS_ENVELOPE_VERSION", None, parse=int, shown_default="unset",
+    doc="the newest envelope version this process speaks, raised above the code's own so a test can start "
+        "a newer worker")
 FAULT = Setting(None, "FAIRSHARE_FAULT", None, sets="`scheduling.faults`",
                 doc="the fault point at which a worker process kills itself (SIGKILL)")
 FAULT_MARKER = Setting(None, "FAIRSHARE_FAULT_MARKER", None, sets="`scheduling.faults`",
@@ -42,9 +48,9 @@ TEST_PUBLISH_GATE = Setting(None, "FAIRSHARE_TEST_PUBLISH_GATE", None, sets="`te
 FLAKY_STORAGE_FAILURES = Setting(None, "FLAKY_STORAGE_FAILURES_FILE", None, sets="`tests.storages`",
                                  doc="a file holding how many more `FlakyStorage` saves should fail")
 
-SEAMS = (CLOCK_OFFSET, FAULT, FAULT_MARKER, TEST_GATE, TEST_PUBLISH_GATE, FLAKY_STORAGE_FAILURES)
+SEAMS = (CLOCK_OFFSET, SPEAKS_ENVELOPE_VERSION, FAULT, FAULT_MARKER, TEST_GATE, TEST_PUBLISH_GATE, FLAKY_STORAGE_FAILURES)
 # The seams that are FAIRSHARE keys (tests may also override them in-process with `settings`).
-SETTINGS = (CLOCK_OFFSET,)
+SETTINGS = (CLOCK_OFFSET, SPEAKS_ENVELOPE_VERSION)
 
 
 def refuse_seams_unless_testing(environ: Mapping[str, str] = os.environ) -> None:

@@ -5,6 +5,7 @@
 #   ensure_venv requirements-dev.txt   # .venv with those packages, on PATH
 #   find_postgres                      # exports DATABASE_URL (or exits 2)
 #   ensure_redis                       # exports FAIRSHARE_TEST_REDIS_URL if it can
+#   ensure_s3                          # starts moto's S3 server, exports FAIRSHARE_TEST_S3_ENDPOINT_URL
 #
 # The sourcing script is expected to run under `set -euo pipefail`; every
 # command here that may legitimately fail is guarded accordingly.
@@ -208,4 +209,40 @@ ensure_chromium() {
     log "could not install chromium (see above): the browser test will skip"
   fi
   rm -f "$out"
+}
+
+# ---------------------------------------------------------------------------
+# ensure_s3
+#   Starts moto's standalone S3 server (requirements-dev.txt: moto[server]) on a
+#   free loopback port, exports FAIRSHARE_TEST_S3_ENDPOINT_URL, and stops it (by
+#   its PID) when the calling script exits. A real S3 API over HTTP: the tests'
+#   workers talk to it through django-storages like to AWS. Never fails the caller.
+# ---------------------------------------------------------------------------
+ensure_s3() {
+  if [[ -n "${FAIRSHARE_TEST_S3_ENDPOINT_URL:-}" ]]; then
+    log "using FAIRSHARE_TEST_S3_ENDPOINT_URL=$FAIRSHARE_TEST_S3_ENDPOINT_URL from the environment"
+    return 0
+  fi
+  if ! command -v moto_server >/dev/null 2>&1; then
+    log "moto_server not installed; tests that need S3 will be skipped"
+    return 0
+  fi
+  local port
+  port="$(python -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')"
+  moto_server -H 127.0.0.1 -p "$port" >"${TMPDIR:-/tmp}/fairshare-moto-$port.log" 2>&1 &
+  FAIRSHARE_MOTO_PID=$!
+  trap 'kill "$FAIRSHARE_MOTO_PID" 2>/dev/null || true' EXIT
+  trap 'exit 143' TERM  # so a stopped run still stops its server (the EXIT trap)
+  local i
+  for ((i = 0; i < 40; i++)); do
+    _tcp_open 127.0.0.1 "$port" && break
+    sleep 0.25
+  done
+  if _tcp_open 127.0.0.1 "$port"; then
+    export FAIRSHARE_TEST_S3_ENDPOINT_URL="http://127.0.0.1:$port"
+    log "using FAIRSHARE_TEST_S3_ENDPOINT_URL=$FAIRSHARE_TEST_S3_ENDPOINT_URL (moto_server, pid $FAIRSHARE_MOTO_PID)"
+  else
+    log "moto_server did not start; tests that need S3 will be skipped"
+  fi
+  return 0
 }

@@ -14,7 +14,9 @@ import tests.jobs  # noqa: F401  (registers the test jobs in this process too)
 from budgets.models import Role
 from scheduling import processes
 from scheduling.processes import Cluster
+from tests import stores
 from tests.factories import AccountFactory, MembershipFactory, UserFactory
+from tests.stores import LocalStore
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -126,6 +128,23 @@ def broker(request, monkeypatch):
     monkeypatch.setattr(Conf, "REDIS", url)
     yield Broker("redis", {"REDIS_URL": url})
     client.flushdb()
+
+
+@pytest.fixture
+def export_store(request, export_root, settings, monkeypatch):
+    """Where this test's exports go: local files (default), or with
+    `@pytest.mark.parametrize("export_store", ["local", "s3"], indirect=True)` also a bucket on the
+    real S3 server scripts/test starts. Start workers with `export_store.env`."""
+    if getattr(request, "param", "local") == "local":
+        return LocalStore(export_root)
+    endpoint = stores.s3_endpoint()
+    if not endpoint:
+        pytest.skip(f"no S3 server: set {stores.S3_ENDPOINT_ENV} (scripts/test starts moto's)")
+    store = stores.S3Store(endpoint)
+    for name, value in stores.S3_CREDENTIALS.items():
+        monkeypatch.setenv(name, value)
+    settings.STORAGES = {**settings.STORAGES, "exports": store.storage}
+    return store
 
 
 def wait_for(predicate, *, timeout: float, interval: float = 0.1, message: str = "condition"):

@@ -240,6 +240,8 @@ def test_the_slot_of_a_lost_message_comes_back_after_the_dispatch_lease(
     assert [e["ref"] for e in queued_envelopes()] == ["next"]
     assert list(Reservation.objects.values_list("ref", "status")) == [("next", ReservationStatus.DISPATCHED)]
     assert usage(account).runs == 0  # nothing ran, nothing is charged
+    # ...and the lost job is not lost: it waits in the holding area to be sent again.
+    assert list(DeferredTask.objects.values_list("ref", "reason")) == [("lost", DeferReason.MESSAGE_LOST)]
 
 
 def test_a_job_sent_again_before_it_started_goes_out_on_the_slot_it_holds(account, budget):

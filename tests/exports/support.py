@@ -17,6 +17,7 @@ from exports.sample_data import add_activity
 from scheduling.models import Outcome, TaskRun
 from tests.conftest import wait_for
 from tests.factories import AccountFactory
+from tests.stores import LocalStore, S3Store
 
 # Every test exports March 2026 of the account "acme".
 RANGE = {"start": dt.date(2026, 3, 1), "end": dt.date(2026, 3, 31)}
@@ -57,14 +58,19 @@ def object_key(record: ExportRecord) -> str:
     return f"exports/{record.account_id}/{record.pk}.csv"
 
 
-def stored_files(root: Path) -> list[str]:
-    """Every file under the export root, as sorted relative paths."""
-    return sorted(p.relative_to(root).as_posix() for p in root.rglob("*") if p.is_file())
+def store_of(where: Path | LocalStore | S3Store) -> LocalStore | S3Store:
+    """An export root folder (the default store) or an `export_store`."""
+    return LocalStore(where) if isinstance(where, Path) else where
 
 
-def file_ids(root: Path, names: list[str]) -> dict[str, tuple[int, int]]:
-    """(inode, mtime ns) of each file: unchanged means nobody wrote it again."""
-    return {n: ((root / n).stat().st_ino, (root / n).stat().st_mtime_ns) for n in names}
+def stored_files(where) -> list[str]:
+    """Every stored object (file under the export root, or S3 object), as sorted keys."""
+    return store_of(where).files()
+
+
+def file_ids(where, names: list[str]) -> dict[str, object]:
+    """An identity of each object's stored version: unchanged means nobody wrote it again."""
+    return store_of(where).ids(names)
 
 
 def notifications(mail_dir: Path, record: ExportRecord) -> int:
@@ -115,7 +121,7 @@ def lease_expired(record: ExportRecord) -> bool:
     ).exists()
 
 
-def assert_published_once(record: ExportRecord, root: Path, *, rows: int) -> bytes:
+def assert_published_once(record: ExportRecord, root, *, rows: int) -> bytes:
     """The user-visible result: succeeded with the right rows and checksum, exactly one object
     under the export's key (plus its manifest), and the file is whole."""
     record.refresh_from_db()
@@ -123,7 +129,7 @@ def assert_published_once(record: ExportRecord, root: Path, *, rows: int) -> byt
     key = object_key(record)
     assert record.output_key == key
     assert stored_files(root) == [key, key + ".manifest.json"]
-    body = (root / key).read_bytes()
+    body = store_of(root).read(key)
     assert record.checksum_sha256 == hashlib.sha256(body).hexdigest()
     assert record.byte_size == len(body)
     assert record.row_count == rows
@@ -131,7 +137,7 @@ def assert_published_once(record: ExportRecord, root: Path, *, rows: int) -> byt
     assert lines[0] == ["occurred_at", "actor_email", "event_type", "amount", "description"]
     assert len(lines) == rows + 1
     assert [line[1] for line in lines[1:]] == [f"actor{i}@example.com" for i in range(1, rows + 1)]
-    manifest = json.loads((root / (key + ".manifest.json")).read_text())
+    manifest = json.loads(store_of(root).read(key + ".manifest.json"))
     assert manifest == {"export_id": str(record.pk), "sha256": record.checksum_sha256, "rows": rows,
                         "byte_size": len(body)}
     return body

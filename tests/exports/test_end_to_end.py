@@ -20,8 +20,11 @@ def _event(account, day: int, hour: int, **kw):
     return ActivityEventFactory(account=account, occurred_at=dt.datetime(2026, 3, day, hour, tzinfo=dt.UTC), **kw)
 
 
+@pytest.mark.parametrize(
+    ("broker", "export_store"), [("orm", "local"), ("redis", "local"), ("orm", "s3"), ("redis", "s3")],
+    indirect=True, ids=["orm-local", "redis-local", "orm-s3", "redis-s3"])
 def test_export_runs_through_a_real_worker_and_downloads_exactly_the_accounts_range(
-    account, other_account, owner, start_cluster,
+    account, other_account, owner, start_cluster, broker, export_store,
 ):
     inside = [
         _event(account, 2, 0, description="first of the range"),
@@ -31,7 +34,7 @@ def test_export_runs_through_a_real_worker_and_downloads_exactly_the_accounts_ra
     _event(account, 1, 23, description="the day before")          # outside the range
     _event(account, 5, 0, description="the day after")            # outside the range
     _event(other_account, 3, 12, description="someone else's row")  # other account
-    cluster = start_cluster("exports")
+    cluster = start_cluster("exports", **broker.env, **export_store.env)
 
     record, created = export_request(
         account_slug="acme", user=owner, start=dt.date(2026, 3, 2), end=dt.date(2026, 3, 4),
@@ -54,6 +57,7 @@ def test_export_runs_through_a_real_worker_and_downloads_exactly_the_accounts_ra
     assert record.byte_size == len(body)
     assert record.checksum_sha256 == hashlib.sha256(body).hexdigest()
     assert record.output_key == f"exports/{account.pk}/{record.pk}.csv"
+    assert export_store.files() == [record.output_key, record.output_key + ".manifest.json"]
 
     # The export is complete before the runner finishes writing its TaskRun: wait for that too.
     wait_runs_settled(record, cluster)

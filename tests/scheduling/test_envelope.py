@@ -1,7 +1,7 @@
 """The v1 queue message contract: what a worker accepts, and what it refuses as a ContractError."""
 import pytest
 
-from scheduling.envelope import MAX_REF_LENGTH, ContractError, Envelope, parse
+from scheduling.envelope import MAX_REF_LENGTH, ContractError, Envelope, NeedsNewerWorker, parse
 
 VALID = {"v": 1, "job": "exports.build", "account": 12, "ref": "6f1c2a9e-4a57-4c1e-9d0a-0b7f6d1f3c11"}
 
@@ -77,14 +77,14 @@ def test_a_message_with_an_extra_field_is_refused(extra):
 @pytest.mark.parametrize(
     ("version", "shown"),
     [
-        pytest.param(2, "2", id="v2"),
         pytest.param(0, "0", id="v0"),
+        pytest.param(-1, "-1", id="negative"),
         pytest.param("1", "'1'", id="string-1"),
         pytest.param(1.5, "1.5", id="float"),
         pytest.param(1.0, r"1\.0", id="float-equal-to-1"),
     ],
 )
-def test_any_version_other_than_the_integer_1_is_refused(version, shown):
+def test_any_version_other_than_a_positive_integer_is_refused(version, shown):
     with pytest.raises(ContractError, match=f"unsupported envelope version {shown}"):
         parse({**VALID, "v": version})
 
@@ -129,3 +129,19 @@ def test_an_empty_or_non_string_job_is_refused(job):
 def test_a_ref_that_is_too_long_or_not_a_string_is_refused(ref):
     with pytest.raises(ContractError, match=f"field ref must be a string of at most {MAX_REF_LENGTH} characters"):
         parse({**VALID, "ref": ref})
+
+
+@pytest.mark.parametrize("version", [2, 99])
+def test_a_version_newer_than_the_worker_speaks_needs_a_newer_worker_not_a_rejection(version):
+    # Rolling upgrades: the runner parks it in the holding area (tests/scheduling/test_upgrades.py).
+    with pytest.raises(NeedsNewerWorker) as excinfo:
+        parse({**VALID, "v": version})
+
+    assert excinfo.value.version == version
+    assert not isinstance(excinfo.value, ContractError)
+
+
+def test_a_worker_that_speaks_v2_parses_a_v2_envelope(settings):
+    settings.FAIRSHARE = {**settings.FAIRSHARE, "SPEAKS_ENVELOPE_VERSION": 2}
+
+    assert parse({**VALID, "v": 2}) == Envelope(job="exports.build", account=12, ref=VALID["ref"], v=2)
