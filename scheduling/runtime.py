@@ -56,17 +56,14 @@ class TaskContext:
     # The run's CPU allowance; long jobs call `budget.check()` between batches. A middleware may
     # set a limited one (budgets.limits.RunBudget raises budgets.limits.BudgetExhausted).
     budget: Any = field(default_factory=UnlimitedBudget)
-    # Work conservation (see `execute`): `claim` is the worker that claimed this job from the
-    # holding area when the run was handed off or pulled (admission completes the claim); a
-    # middleware that frees a slot may set `handoff` to a held job it claimed for this worker,
-    # only while `accepts_handoff()` says the worker will run it straight after this one.
+    # Work conservation (see `execute`): `claim` is the worker that claimed this job from the holding
+    # area (hand-off or pull; admission completes the claim); a middleware that frees a slot may set
+    # `handoff` to a held job it claimed for this worker while `accepts_handoff()` says it runs it next.
     claim: str | None = None
     handoff: Envelope | None = None
     accepts_handoff: Callable[[], bool] = lambda: False
-    # Hints that spare a query: `may_pull` False when a middleware saw no held work of the queue
-    # waiting; `paused` False when one saw at the run's start that no pause covers the job.
-    may_pull: bool = True
-    paused: bool | None = None
+    may_pull: bool = True  # False: a middleware saw no held work of the queue waiting (no pull after)
+    paused: bool | None = None  # False: a middleware saw no pause covering the job at the run's start
 
 
 TaskCall = Callable[[TaskContext], None]
@@ -221,8 +218,8 @@ def close_old_connections() -> None:
                 conn.close()
 
 
-# Writes that must land after the work is done (settlement, the run's record): tries, and the
-# pause before the n-th retry (n x this).
+# Writes that must land after the work is done (settlement, the run's record): tries, and the pause
+# before the n-th retry (n x this).
 RECONNECT_ATTEMPTS = 5
 RECONNECT_DELAY_S = 0.5
 
@@ -275,8 +272,7 @@ def execute(message: Any) -> None:
     from scheduling.holding import claim_next
     from scheduling.services import worker_id
 
-    options = settings.FAIRSHARE
-    deadline, runs_left = time.monotonic() + _handoff_window_s(), options["HANDOFF_MAX_RUNS"]
+    deadline, runs_left = time.monotonic() + _handoff_window_s(), settings.FAIRSHARE["HANDOFF_MAX_RUNS"]
 
     def room() -> bool:
         return runs_left > 0 and time.monotonic() < deadline
@@ -284,8 +280,8 @@ def execute(message: Any) -> None:
     ctx = TaskContext(message=message, accepts_handoff=room)
     _chain()(ctx)
     while True:
-        queue = ctx.job.queue if ctx.job is not None else None
-        claimed = ctx.handoff or (claim_next(queue=queue, worker=worker_id()) if queue and ctx.may_pull and room() else None)
+        queue = ctx.job.queue if ctx.job is not None and ctx.may_pull else None  # None: no pull
+        claimed = ctx.handoff or (claim_next(queue=queue, worker=worker_id()) if queue and room() else None)
         if claimed is None:
             return
         fault_point("before_handoff")
