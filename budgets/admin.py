@@ -7,7 +7,7 @@ from django.contrib.auth.models import Group
 from django.http import Http404
 from django.shortcuts import render
 from django.utils import timezone
-from django.utils.html import format_html, format_html_join
+from django.utils.html import format_html_join
 
 from budgets.adjust import budget_adjust
 from budgets.models import Account, ApiToken, Budget, BudgetAdjustment, Membership, Reservation, Role, UsageDay

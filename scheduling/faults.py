@@ -22,6 +22,8 @@ POINTS = frozenset({"before_claim", "after_claim", "mid_stream", "after_publish"
 
 
 def fault_point(name: str) -> None:
+    if name not in POINTS:  # a misspelt point in the code would never fire, and no test would say so
+        raise ValueError(f"unknown fault point {name!r}; known: {', '.join(sorted(POINTS))}")
     if os.environ.get(FAULT.env) != name:
         return
     marker = os.environ.get(FAULT_MARKER.env)

@@ -64,17 +64,18 @@ _PATTERNS = [
 ]
 
 
-# Only this much of a message is redacted and kept: a huge message (a dump in an exception) must
-# not stall the worker that records it. Cut at whitespace, so no half secret escapes its pattern.
-MAX_INPUT_LENGTH = 4 * MAX_LENGTH
+# Only this many times `max_length` of a message is redacted: a huge message (a dump in an
+# exception) must not stall the worker that records it. Cut at whitespace, so no half secret
+# escapes its pattern.
+INPUT_FACTOR = 4
 
 
 def redact(text: str, *, max_length: int = MAX_LENGTH) -> str:
     """`text` without its sensitive values, at most `max_length` characters (cut ones end in …)."""
     text = str(text)
-    truncated = len(text) > 4 * max_length
+    truncated = len(text) > INPUT_FACTOR * max_length
     if truncated:
-        head = text[: 4 * max_length]
+        head = text[: INPUT_FACTOR * max_length]
         cut = max(head.rfind(" "), head.rfind("\n"))
         text = head[:cut] if cut > 0 else head
     for pattern, replacement in _PATTERNS:

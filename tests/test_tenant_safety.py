@@ -17,7 +17,7 @@ from exports.models import ExportRecord, ExportStatus
 from scheduling.checks import check_logging_redacts
 from scheduling.redaction import RedactingFilter, redact
 from tests.conftest import REPO
-from tests.factories import AccountFactory, MembershipFactory, UserFactory
+from tests.factories import MembershipFactory, UserFactory
 
 pytestmark = pytest.mark.django_db
 
