@@ -96,7 +96,7 @@ def measure_in_process(account_id: int, iterations: int) -> dict:
         sent = admit_at_enqueue(envelope=envelope, queue=QUEUE)
         t1 = time.perf_counter()
         assert sent
-        a = admit(envelope=envelope, queue=QUEUE, estimate_ms=10, task_run_id=None, worker="bench")
+        a = admit(envelope=envelope, queue=QUEUE, estimate_ms=10, worker="bench")
         t2 = time.perf_counter()
         assert a.admitted, a
         settle(reservation_id=a.reservation_id, account_id=account_id, queue=QUEUE, meter=meter)
@@ -148,7 +148,7 @@ def measure_in_process(account_id: int, iterations: int) -> dict:
     with CaptureQueriesContext(connection) as q_hold:
         admit_at_enqueue(envelope=envelope, queue=QUEUE)
     with CaptureQueriesContext(connection) as q_admit:
-        a = admit(envelope=envelope, queue=QUEUE, estimate_ms=10, task_run_id=None, worker="bench")
+        a = admit(envelope=envelope, queue=QUEUE, estimate_ms=10, worker="bench")
     with CaptureQueriesContext(connection) as q_settle:
         settle(reservation_id=a.reservation_id, account_id=account_id, queue=QUEUE, meter=stopped_meter())
 

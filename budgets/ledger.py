@@ -2,15 +2,18 @@
 as few round trips as possible (bench/budget_overhead.py counts them). Called under the account's
 Budget row lock (budgets.standing), inside the caller's transaction.
 
-- Admission (`take_slot`): the CPU reserved on the day and the slot made ACTIVE.
+- Admission (`take_slot`): the CPU reserved on the day, the slot made ACTIVE and the run's record
+  inserted (its SQL from scheduling.services: the scheduling app owns that table).
 - Settlement (`charge`): the reservation deleted (exactly once: RETURNING says whether it was
-  there), its run's figures charged to its day, and what the settlement needs to know next (is
-  work held for this account; does any held work of the queue wait for a worker) read with it.
+  there), its run's figures charged to its day and recorded on its run, and what the settlement
+  needs to know next (is work held for this account; does any held work of the queue wait for a
+  worker) read with it.
 
 Each is one statement on PostgreSQL (a data-modifying WITH); SQLite runs the same parts one by
 one (it has DELETE/UPDATE ... RETURNING and UPDATE ... FROM, but no WITH around them).
 """
 import datetime as dt
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from django.db import connection
@@ -21,7 +24,8 @@ from budgets.models import Reservation, ReservationStatus, UsageDay
 from budgets.standing import Standing
 from scheduling.envelope import Envelope
 from scheduling.metering import Meter
-from scheduling.models import DeferredTask
+from scheduling.models import DeferredTask, TaskRun
+from scheduling.services import task_run_insert_sql
 
 _DELETE_SQL = f"""
 DELETE FROM {Reservation._meta.db_table} WHERE id = %s
@@ -50,47 +54,70 @@ EXISTS (SELECT 1 FROM {deferred} d WHERE d.queue = %s AND d.eligible_at <= %s
          AND (d.claim_expires_at IS NULL OR d.claim_expires_at < %s))
 """.format(deferred=DeferredTask._meta.db_table)
 # PostgreSQL: the whole settlement's ledger in one statement (the WITH parts see one snapshot,
-# taken after the caller's lock was granted; the UPDATE reads the deleted row through `r`).
-_SETTLE_SQL = (f"WITH r AS ({_DELETE_SQL}), c AS ({_CHARGE_SQL.format(r='r')} RETURNING 1) "
+# taken after the caller's lock was granted; the UPDATEs read the deleted row through `r`).
+_SETTLE_SQL = (f"WITH r AS ({_DELETE_SQL}), c AS ({_CHARGE_SQL.format(r='r')} RETURNING 1), t AS ({{run}}) "
                f"SELECT r.task_run_id, r.status, {_FLAGS_SQL} FROM r")
+_RUN_OF_R = "(SELECT task_run_id FROM r)"
 
 
 _RESERVE_SQL = f"UPDATE {UsageDay._meta.db_table} SET cpu_reserved_ms = cpu_reserved_ms + %s WHERE id = %s"
-_SLOT_COLUMNS = ("status", "day", "task_run_id", "worker", "cpu_reserved_ms", "lease_expires_at")
-_SLOT_SQL = (f"UPDATE {Reservation._meta.db_table} SET " + ", ".join(f"{c} = %s" for c in _SLOT_COLUMNS)
-             + " WHERE id = %s RETURNING id")
+_SLOT_COLUMNS = ("status", "day", "worker", "cpu_reserved_ms", "lease_expires_at")
 _NEW_SLOT_COLUMNS = (*_SLOT_COLUMNS, "account_id", "queue", "job", "ref", "cpu_reported_ms", "cpu_charged_ms",
                      "created_at")
-_NEW_SLOT_SQL = (f"INSERT INTO {Reservation._meta.db_table} ({', '.join(_NEW_SLOT_COLUMNS)}) "
-                 f"VALUES ({', '.join(['%s'] * len(_NEW_SLOT_COLUMNS))}) RETURNING id")
+
+
+def _slot_sql(own: int | None, run_id_sql: str) -> str:
+    """Make the job's own dispatched slot ACTIVE, or insert an ACTIVE one; RETURNING the slot's id
+    and its run's (`run_id_sql`: a placeholder or a sub-select of the caller's statement)."""
+    if own is not None:
+        sets = ", ".join(f"{c} = %s" for c in _SLOT_COLUMNS)
+        return (f"UPDATE {Reservation._meta.db_table} SET {sets}, task_run_id = {run_id_sql} "
+                "WHERE id = %s RETURNING id, task_run_id")
+    return (f"INSERT INTO {Reservation._meta.db_table} ({', '.join(_NEW_SLOT_COLUMNS)}, task_run_id) "
+            f"VALUES ({', '.join(['%s'] * len(_NEW_SLOT_COLUMNS))}, {run_id_sql}) RETURNING id, task_run_id")
 
 
 def take_slot(
     *, envelope: Envelope, queue: str, state: Standing, day: dt.date, own: int | None, reserve_ms: int,
-    task_run_id: int | None, worker: str,
+    run: TaskRun | None, worker: str,
 ) -> int:
-    """Reserve the run's CPU on its day and make its slot (its own dispatched one, or a new one)
-    ACTIVE; returns the slot's id. Two rows of two tables, independent of each other: on
-    PostgreSQL one statement (a data-modifying WITH: both parts see one snapshot, all either needs)."""
+    """Reserve the run's CPU on its day, make its slot (its own dispatched one, or a new one)
+    ACTIVE and, for a `run` not saved yet, insert its record (setting `run.pk`); returns the
+    slot's id. Rows of three tables, independent of each other: on PostgreSQL one statement (a
+    data-modifying WITH: its parts see one snapshot, all any of them needs)."""
     usage_id = standing.usage_id(state, account_id=envelope.account, queue=queue, day=day)
     ops = connection.ops
-    slot = {"status": ReservationStatus.ACTIVE, "day": ops.adapt_datefield_value(day), "task_run_id": task_run_id,
-            "worker": worker, "cpu_reserved_ms": reserve_ms,
-            "lease_expires_at": ops.adapt_datetimefield_value(standing.run_lease_expiry())}
+    slot = {"status": ReservationStatus.ACTIVE, "day": ops.adapt_datefield_value(day), "worker": worker,
+            "cpu_reserved_ms": reserve_ms, "lease_expires_at": ops.adapt_datetimefield_value(standing.run_lease_expiry())}
     if own is not None:
-        slot_sql, slot_params = _SLOT_SQL, [slot[c] for c in _SLOT_COLUMNS] + [own]
+        slot_params = [slot[c] for c in _SLOT_COLUMNS]
     else:
         slot.update(account_id=envelope.account, queue=queue, job=envelope.job, ref=envelope.ref, cpu_reported_ms=0,
                     cpu_charged_ms=0, created_at=ops.adapt_datetimefield_value(timezone.now()))
-        slot_sql, slot_params = _NEW_SLOT_SQL, [slot[c] for c in _NEW_SLOT_COLUMNS]
-    usage_params = [reserve_ms, usage_id]
+        slot_params = [slot[c] for c in _NEW_SLOT_COLUMNS]
+    insert_run = run is not None and run.pk is None
+    run_sql, run_params = task_run_insert_sql(run) if insert_run else ("", [])
+    own_params = [own] if own is not None else []
     with connection.cursor() as cursor:
         if connection.vendor == "postgresql":
-            cursor.execute(f"WITH u AS ({_RESERVE_SQL} RETURNING 1) {slot_sql}", usage_params + slot_params)
+            parts = [f"u AS ({_RESERVE_SQL} RETURNING 1)"] + ([f"t AS ({run_sql})"] if insert_run else [])
+            slot_sql = _slot_sql(own, "(SELECT id FROM t)" if insert_run else "%s")
+            cursor.execute(f"WITH {', '.join(parts)} {slot_sql}",
+                           [reserve_ms, usage_id, *run_params, *slot_params,
+                            *([] if insert_run else [run.pk if run else None]), *own_params])
+            slot_id, run_id = cursor.fetchone()
         else:
-            cursor.execute(_RESERVE_SQL, usage_params)
-            cursor.execute(slot_sql, slot_params)
-        return cursor.fetchone()[0]
+            cursor.execute(_RESERVE_SQL, [reserve_ms, usage_id])
+            if insert_run:
+                cursor.execute(run_sql, run_params)
+                run_id = cursor.fetchone()[0]
+            else:
+                run_id = run.pk if run else None
+            cursor.execute(_slot_sql(own, "%s"), [*slot_params, run_id, *own_params])
+            slot_id = cursor.fetchone()[0]
+    if insert_run:
+        run.pk = run_id
+    return slot_id
 
 
 @dataclass(frozen=True)
@@ -104,8 +131,9 @@ class Charged:
 
 
 def charge(*, reservation_id: int, account_id: int, queue: str, meter: Meter, cap_hit: bool,
-           now: dt.datetime) -> Charged | None:
-    """Delete the reservation and charge the run's figures to its day; None when it was settled
+           now: dt.datetime, finished: Callable[[str], tuple[str, list]]) -> Charged | None:
+    """Delete the reservation, charge the run's figures to its day and record them on its run
+    (`finished(run_id_sql)`: scheduling.services.task_run_finished_sql); None when it was settled
     already (exactly once: the second settlement finds no reservation)."""
     now = connection.ops.adapt_datetimefield_value(now)
     cpu, active = meter.cpu_ms, ReservationStatus.ACTIVE
@@ -114,7 +142,9 @@ def charge(*, reservation_id: int, account_id: int, queue: str, meter: Meter, ca
     where_params, flag_params = [account_id, queue], [account_id, queue, queue, now, now]
     with connection.cursor() as cursor:
         if connection.vendor == "postgresql":
-            cursor.execute(_SETTLE_SQL, [reservation_id, *set_params, *where_params, *flag_params])
+            run_sql, run_params = finished(_RUN_OF_R)
+            cursor.execute(_SETTLE_SQL.format(run=run_sql),
+                           [reservation_id, *set_params, *where_params, *run_params, *flag_params])
             row = cursor.fetchone()
             if row is None:
                 return None
@@ -127,6 +157,9 @@ def charge(*, reservation_id: int, account_id: int, queue: str, meter: Meter, ca
             task_run_id, day, status, reserved_ms, charged_ms = row
             cursor.execute(_CHARGE_SQL.format(r=_R_VALUES),
                            [*set_params, day, status, reserved_ms, charged_ms, *where_params])
+            if task_run_id:
+                run_sql, run_params = finished("%s")
+                cursor.execute(run_sql, [*run_params, task_run_id])
             cursor.execute(f"SELECT {_FLAGS_SQL}", flag_params)
             held, waiting = cursor.fetchone()
     return Charged(task_run_id, status == active, held=bool(held), waiting=bool(waiting))

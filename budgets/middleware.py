@@ -12,7 +12,7 @@ from budgets.limits import BudgetExhausted, RunBudget, cpu_limit
 from scheduling.models import Outcome
 from scheduling.faults import fault_point
 from scheduling.runtime import retry_on_disconnect
-from scheduling.services import worker_id
+from scheduling.services import final_outcome, worker_id
 
 # How long a run that spent its allowance waits for the watcher thread to reserve more.
 REFILL_WAIT_S = 10
@@ -122,7 +122,7 @@ class BudgetMiddleware:
         ctx.paused = admission.paused  # read with the account's state: spares the pause check a query
         ctx.budget = budget = RunBudget(admission.allowance_ms)
         in_main_thread = threading.current_thread() is threading.main_thread()
-        cap_hit = False
+        cap_hit = escaped = False
         try:
             with cpu_limit(budget):
                 with Watcher(admission.reservation_id, budget, interrupt_main=in_main_thread) as watcher:
@@ -134,6 +134,9 @@ class BudgetMiddleware:
         except BudgetExhausted:
             cap_hit = True
             ctx.outcome = Outcome.BUDGET_EXHAUSTED
+        except BaseException:
+            escaped = True  # the run recording (outside) decides how it ended
+            raise
         finally:
             ctx.meter.stop()
             # Settlement is one transaction that deletes the reservation: a try that committed
@@ -141,11 +144,15 @@ class BudgetMiddleware:
             # cannot settle is charged what its TaskRun recorded when it is reclaimed.
             # The freed slot goes to the account's next held job: run by this worker straight
             # after this run when it will (scheduling.runtime.execute), else sent to the broker.
+            # Unless a failure got past the chain inside, the run's record is completed with it.
             handoff_to = worker_id() if ctx.accepts_handoff() else None
+            outcome = None if escaped else final_outcome(ctx.outcome, ctx.error)
             settled = retry_on_disconnect(lambda: services.settle(
                 reservation_id=admission.reservation_id, account_id=ctx.envelope.account, queue=queue,
                 meter=ctx.meter, cap_hit=cap_hit, envelope=ctx.envelope, handoff_to=handoff_to,
+                outcome=outcome, items=ctx.items, error=ctx.error,
             ))
+            ctx.recorded = outcome is not None and settled is not None
             ctx.handoff = settled.handoff if settled else None
             ctx.may_pull = settled.waiting if settled else True
             fault_point("after_settle")

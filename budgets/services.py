@@ -19,7 +19,7 @@ from scheduling.holding import claim_complete, claim_held, eligible, hold
 from scheduling.metering import Meter
 from scheduling.models import DeferReason, DeferredTask, TaskRun
 from scheduling.selectors import finished_run_cpu_ms
-from scheduling.services import task_run_mark_finished, task_run_mark_lost, task_run_mark_started
+from scheduling.services import task_run_finished_sql, task_run_mark_lost, task_run_mark_started
 
 
 @transaction.atomic
@@ -67,8 +67,8 @@ def _hold(
 
 
 def admit(
-    *, envelope: Envelope, queue: str, estimate_ms: int, task_run_id: int | None = None, worker: str,
-    claim: str | None = None, run: TaskRun | None = None,
+    *, envelope: Envelope, queue: str, estimate_ms: int, worker: str, claim: str | None = None,
+    run: TaskRun | None = None,
 ) -> Admission:
     """At the start of a run: take a slot and reserve CPU, or put the job on hold.
 
@@ -76,8 +76,8 @@ def admit(
     `claim`, this worker: budgets.handoff) takes over the slot its dispatch holds; anything else
     (a duplicate delivery, an operator's release) needs a free one. A claimed job whose claim was
     lost (it expired and the job was released again) is not admitted: reason None, nothing held.
-    An admitted run's record (`run`, not saved yet, or the saved `task_run_id`) is started in the
-    same transaction as its slot.
+    An admitted run's record (`run`: inserted when not saved yet) is started in the same
+    transaction as its slot.
     """
     account_id = envelope.account
     with transaction.atomic():
@@ -107,12 +107,10 @@ def admit(
         # An admitted run is recorded from the moment it holds its slot (taken under the budget
         # lock, so after the settlement that freed the slot committed): the recorded runs of an
         # account never overlap more than its concurrency cap allows.
-        if run is not None:
-            task_run_id = task_run_mark_started(run=run)
-        elif task_run_id is not None:
-            task_run_mark_started(run=TaskRun(pk=task_run_id))
+        if run is not None and run.pk is not None:
+            task_run_mark_started(run=run)
         own = ledger.take_slot(envelope=envelope, queue=queue, state=state, day=day, own=own, reserve_ms=reserve_ms,
-                         task_run_id=task_run_id, worker=worker)
+                               run=run, worker=worker)  # (inserts a `run` not saved yet)
         if claim is not None:
             claim_complete(job=envelope.job, ref=envelope.ref, worker=claim)
     return Admission(own, allowance_ms=reserve_ms, paused=state.paused)
@@ -125,17 +123,16 @@ def admit_at_enqueue(*, envelope: Envelope, queue: str) -> bool:
     It is held when its account is out of budget today, has no free slot on this queue, or already
     has work held there (it waits behind it, first in first out). CPU is reserved when it starts.
     A job sent again while its first message has not started (a reconciler's re-send) goes out
-    on the slot it already holds. The common case takes no lock: a job sent on a stale view is
-    checked again when it starts.
+    on the slot it already holds. The common case takes no lock and one statement: a job sent on
+    a stale view is checked again when it starts.
     """
     now = clock.now()
     day = clock.budget_day(now)
+    if standing.dispatch_if_free(envelope=envelope, queue=queue, day=day):
+        return True
     state = standing.read(account_id=envelope.account, queue=queue, day=day, envelope=envelope)
     if state is not None and state.own_slot is not None:
         Reservation.objects.filter(pk=state.own_slot).update(lease_expires_at=standing.dispatch_lease_expiry())
-        return True
-    if state is not None and state.unreserved_ms > 0 and state.free_slots > 0 and not state.held:
-        standing.dispatch(envelope=envelope, queue=queue, day=day)
         return True
     with transaction.atomic():
         state = _locked_state(account_id=envelope.account, queue=queue, day=day)
@@ -184,9 +181,11 @@ def reservation_grow(*, reservation_id: int, cpu_ms: int, want_ms: int) -> int:
 
 def settle(
     *, reservation_id: int, account_id: int, queue: str, meter: Meter, cap_hit: bool = False,
-    envelope: Envelope | None = None, handoff_to: str | None = None,
+    envelope: Envelope | None = None, handoff_to: str | None = None, outcome: str | None = None, items: int = 0,
+    error: BaseException | None = None,
 ) -> handoff.Settled | None:
-    """After a run: charge its measured CPU, free its reservation and slot, add its waits.
+    """After a run: charge its measured CPU, free its reservation and slot, add its waits, and
+    record the figures on its run (with how it ended, when `outcome` is given).
 
     Exactly once: the reservation row is deleted here, and a second settlement finds nothing (None).
     A run stopped by the cap (`cap_hit`, with its `envelope`) waits in the holding area: for the
@@ -198,14 +197,15 @@ def settle(
         now = clock.now()
         day = clock.budget_day(now)
         _lock(account_id=account_id, queue=queue)
-        charged = ledger.charge(reservation_id=reservation_id, account_id=account_id, queue=queue, meter=meter,
-                                cap_hit=cap_hit, now=now)
+        # The run is recorded as finished in this transaction: before any run that takes the slot
+        # next is recorded as started.
+        charged = ledger.charge(
+            reservation_id=reservation_id, account_id=account_id, queue=queue, meter=meter, cap_hit=cap_hit, now=now,
+            finished=lambda run_id_sql: task_run_finished_sql(
+                run_id_sql=run_id_sql, meter=meter, outcome=outcome, items=items, error=error),
+        )
         if charged is None:
             return None
-        if charged.task_run_id:
-            # ...and until it gives the slot back: before this transaction commits, so before
-            # any run that takes the slot next is recorded as started.
-            task_run_mark_finished(run_id=charged.task_run_id, meter=meter)
         claimed = None
         if cap_hit and envelope is not None:
             state = standing.read(account_id=account_id, queue=queue, day=day)

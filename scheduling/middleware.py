@@ -79,14 +79,11 @@ class RunRecordingMiddleware:
 
     def _finish(self, ctx, error: BaseException | None) -> None:
         error = error or ctx.error
-        if error is None:
-            outcome = ctx.outcome or Outcome.SUCCEEDED
-        else:
-            # A failure classified for retry stays "retrying"; any other failure is "failed".
-            outcome = Outcome.RETRYING if ctx.outcome == Outcome.RETRYING else Outcome.FAILED
-        close_old_connections()
-        retry_on_disconnect(lambda: services.task_run_finish(
-            run=ctx.run, outcome=outcome, meter=ctx.meter, items=ctx.items, error=error))
+        outcome = services.final_outcome(ctx.outcome, error)
+        if not ctx.recorded:  # else the run's settlement recorded all this
+            close_old_connections()
+            retry_on_disconnect(lambda: services.task_run_finish(
+                run=ctx.run, outcome=outcome, meter=ctx.meter, items=ctx.items, error=error))
         logger.info(
             "task finished",
             extra={

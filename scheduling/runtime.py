@@ -53,6 +53,9 @@ class TaskContext:
     outcome: str | None = None
     # A failure a middleware handled (e.g. classified for retry) that the run record must show.
     error: BaseException | None = None
+    # Set by a middleware that recorded how the run ended (outcome, items, error) in its own write
+    # (budget settlement): the run recording then writes nothing more, unless a failure got past it.
+    recorded: bool = False
     # The run's CPU allowance; long jobs call `budget.check()` between batches. A middleware may
     # set a limited one (budgets.limits.RunBudget raises budgets.limits.BudgetExhausted).
     budget: Any = field(default_factory=UnlimitedBudget)

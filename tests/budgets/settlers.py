@@ -32,7 +32,7 @@ def settle_runs(env: dict[str, str], worker: int, runs: int, account_id: int, to
             ref = f"{worker}-{i}"
             admission = admit(
                 envelope=Envelope(job="tests.noop", account=account_id, ref=ref), queue="default",
-                estimate_ms=10, task_run_id=None, worker=f"settler-{worker}",
+                estimate_ms=10, worker=f"settler-{worker}",
             )
             if not admission.admitted:
                 raise AssertionError(f"run {ref} was not admitted: {admission.reason}")

@@ -43,17 +43,17 @@ def queued_envelopes() -> list[dict]:
 
 
 def test_admission_reserves_a_step_of_cpu_and_takes_the_only_slot(account, budget, settings):
-    first = admit(envelope=envelope(account, "a"), queue="default", estimate_ms=300, task_run_id=None, worker="w")
+    first = admit(envelope=envelope(account, "a"), queue="default", estimate_ms=300, worker="w")
     # At least one reservation step (1 s), more if the job's estimate says so: the run may spend
     # what it reserved, not the account's whole remaining budget.
     assert first.admitted and first.allowance_ms == 1000
     assert usage(account).cpu_reserved_ms == 1000
     Budget.objects.create(account=account, queue="exports", cpu_seconds_per_day=10, max_concurrent=1)
     big = admit(envelope=envelope(account, "big", job="exports.build"), queue="exports", estimate_ms=2500,
-                task_run_id=None, worker="w")
+                worker="w")
     assert big.allowance_ms == 2500
 
-    second = admit(envelope=envelope(account, "b"), queue="default", estimate_ms=300, task_run_id=None, worker="w")
+    second = admit(envelope=envelope(account, "b"), queue="default", estimate_ms=300, worker="w")
     assert not second.admitted and second.reason == DeferReason.CONCURRENCY_CAP
     held = DeferredTask.objects.get()
     assert (held.ref, held.reason) == ("b", DeferReason.CONCURRENCY_CAP)
@@ -63,9 +63,9 @@ def test_admission_reserves_a_step_of_cpu_and_takes_the_only_slot(account, budge
 def test_settlement_charges_measured_cpu_once_and_releases_the_oldest_held_job(
     account, budget, django_capture_on_commit_callbacks,
 ):
-    running = admit(envelope=envelope(account, "a"), queue="default", estimate_ms=300, task_run_id=None, worker="w")
-    admit(envelope=envelope(account, "b"), queue="default", estimate_ms=300, task_run_id=None, worker="w")
-    admit(envelope=envelope(account, "c"), queue="default", estimate_ms=300, task_run_id=None, worker="w")
+    running = admit(envelope=envelope(account, "a"), queue="default", estimate_ms=300, worker="w")
+    admit(envelope=envelope(account, "b"), queue="default", estimate_ms=300, worker="w")
+    admit(envelope=envelope(account, "c"), queue="default", estimate_ms=300, worker="w")
 
     with django_capture_on_commit_callbacks(execute=True):
         assert settle(reservation_id=running.reservation_id, account_id=account.pk, queue="default",
@@ -86,10 +86,10 @@ def test_settlement_charges_measured_cpu_once_and_releases_the_oldest_held_job(
 def test_exhausted_budget_holds_work_until_the_next_budget_day(
     account, budget, settings, django_capture_on_commit_callbacks,
 ):
-    run = admit(envelope=envelope(account, "a"), queue="default", estimate_ms=300, task_run_id=None, worker="w")
+    run = admit(envelope=envelope(account, "a"), queue="default", estimate_ms=300, worker="w")
     settle(reservation_id=run.reservation_id, account_id=account.pk, queue="default", meter=meter(cpu_ms=10_500))
 
-    refused = admit(envelope=envelope(account, "b"), queue="default", estimate_ms=300, task_run_id=None, worker="w")
+    refused = admit(envelope=envelope(account, "b"), queue="default", estimate_ms=300, worker="w")
     assert refused.reason == DeferReason.BUDGET_EXHAUSTED
     assert refused.eligible_at == clock.next_reset()
     # The enqueue-time check holds new work too, instead of ringing the doorbell.
@@ -103,13 +103,13 @@ def test_exhausted_budget_holds_work_until_the_next_budget_day(
     with django_capture_on_commit_callbacks(execute=True):
         assert release_due() == 1  # one slot: the oldest goes first
     assert [e["ref"] for e in queued_envelopes()] == ["b"]
-    fresh = admit(envelope=envelope(account, "b"), queue="default", estimate_ms=300, task_run_id=None, worker="w")
+    fresh = admit(envelope=envelope(account, "b"), queue="default", estimate_ms=300, worker="w")
     assert fresh.admitted and fresh.allowance_ms == 1000
 
 
 def test_enqueue_waits_behind_held_work_of_the_same_account(account, other_account, budget):
-    admit(envelope=envelope(account, "a"), queue="default", estimate_ms=10, task_run_id=None, worker="w")
-    admit(envelope=envelope(account, "b"), queue="default", estimate_ms=10, task_run_id=None, worker="w")
+    admit(envelope=envelope(account, "a"), queue="default", estimate_ms=10, worker="w")
+    admit(envelope=envelope(account, "b"), queue="default", estimate_ms=10, worker="w")
     assert not admit_at_enqueue(envelope=envelope(account, "c"), queue="default")
     assert DeferredTask.objects.get(ref="c").reason == DeferReason.QUEUED_BEHIND
     # Another account is not affected.
@@ -120,8 +120,8 @@ def test_reclaim_gives_back_a_dead_runs_slot_and_charges_what_it_reported(
     account, budget, django_capture_on_commit_callbacks,
 ):
     run = TaskRun.objects.create(account=account, job="tests.noop", ref="a", started_at=timezone.now())
-    dead = admit(envelope=envelope(account, "a"), queue="default", estimate_ms=300, task_run_id=run.pk, worker="w")
-    admit(envelope=envelope(account, "b"), queue="default", estimate_ms=300, task_run_id=None, worker="w")
+    dead = admit(envelope=envelope(account, "a"), queue="default", estimate_ms=300, run=run, worker="w")
+    admit(envelope=envelope(account, "b"), queue="default", estimate_ms=300, worker="w")
     Reservation.objects.filter(pk=dead.reservation_id).update(
         cpu_reported_ms=700, lease_expires_at=timezone.now() - dt.timedelta(seconds=1))
 
@@ -144,13 +144,13 @@ def test_reclaim_gives_back_a_dead_runs_slot_and_charges_what_it_reported(
 
 def test_queues_have_independent_budgets(account, budget):
     Budget.objects.create(account=account, queue="exports", cpu_seconds_per_day=10, max_concurrent=1)
-    assert admit(envelope=envelope(account, "a"), queue="default", estimate_ms=10, task_run_id=None, worker="w").admitted
+    assert admit(envelope=envelope(account, "a"), queue="default", estimate_ms=10, worker="w").admitted
     assert admit(envelope=envelope(account, "e", job="exports.build"), queue="exports", estimate_ms=10,
-                 task_run_id=None, worker="w").admitted
+                 worker="w").admitted
 
 
 def test_budget_defaults_come_from_the_plan_tier(account, settings):
-    admit(envelope=envelope(account, "a"), queue="default", estimate_ms=10, task_run_id=None, worker="w")
+    admit(envelope=envelope(account, "a"), queue="default", estimate_ms=10, worker="w")
     budget = Budget.objects.get(account=account, queue="default")
     expected = settings.FAIRSHARE["PLAN_BUDGETS"][account.plan]["default"]
     assert (budget.cpu_seconds_per_day, budget.max_concurrent) == (expected["cpu_seconds_per_day"], expected["max_concurrent"])
@@ -162,11 +162,11 @@ def test_concurrent_runs_of_one_account_never_reserve_more_than_it_has_left(
     account, django_capture_on_commit_callbacks,
 ):
     Budget.objects.create(account=account, queue="default", cpu_seconds_per_day=2, max_concurrent=3)
-    first = admit(envelope=envelope(account, "a"), queue="default", estimate_ms=10, task_run_id=None, worker="w")
-    second = admit(envelope=envelope(account, "b"), queue="default", estimate_ms=1500, task_run_id=None, worker="w")
+    first = admit(envelope=envelope(account, "a"), queue="default", estimate_ms=10, worker="w")
+    second = admit(envelope=envelope(account, "b"), queue="default", estimate_ms=1500, worker="w")
     assert (first.allowance_ms, second.allowance_ms) == (1000, 1000)  # the second gets what is left
     # A third run could take a slot, but the budget is all reserved: it waits for the others.
-    third = admit(envelope=envelope(account, "c"), queue="default", estimate_ms=10, task_run_id=None, worker="w")
+    third = admit(envelope=envelope(account, "c"), queue="default", estimate_ms=10, worker="w")
     assert (third.admitted, third.reason) == (False, DeferReason.BUDGET_RESERVED)
     assert reservation_grow(reservation_id=first.reservation_id, cpu_ms=900, want_ms=1000) == 0
 
@@ -174,7 +174,7 @@ def test_concurrent_runs_of_one_account_never_reserve_more_than_it_has_left(
     with django_capture_on_commit_callbacks(execute=True):
         settle(reservation_id=first.reservation_id, account_id=account.pk, queue="default", meter=meter(cpu_ms=400))
     assert [e["ref"] for e in queued_envelopes()] == ["c"]
-    again = admit(envelope=envelope(account, "c"), queue="default", estimate_ms=10, task_run_id=None, worker="w")
+    again = admit(envelope=envelope(account, "c"), queue="default", estimate_ms=10, worker="w")
     assert again.allowance_ms == 600
     assert reservation_grow(reservation_id=second.reservation_id, cpu_ms=990, want_ms=1000) == 0
     row = usage(account)
@@ -182,7 +182,7 @@ def test_concurrent_runs_of_one_account_never_reserve_more_than_it_has_left(
 
 
 def test_a_run_grows_its_reservation_while_the_account_has_budget_left(account, budget):
-    run = admit(envelope=envelope(account, "a"), queue="default", estimate_ms=10, task_run_id=None, worker="w")
+    run = admit(envelope=envelope(account, "a"), queue="default", estimate_ms=10, worker="w")
     assert reservation_grow(reservation_id=run.reservation_id, cpu_ms=800, want_ms=5000) == 5000
     assert reservation_grow(reservation_id=run.reservation_id, cpu_ms=5800, want_ms=5000) == 4000  # 10 s in all
     assert reservation_grow(reservation_id=run.reservation_id, cpu_ms=9900, want_ms=5000) == 0
@@ -192,7 +192,7 @@ def test_a_run_grows_its_reservation_while_the_account_has_budget_left(account, 
 
 
 def test_a_run_stopped_by_the_cap_waits_for_tomorrow_when_nothing_is_left(account, budget):
-    run = admit(envelope=envelope(account, "a"), queue="default", estimate_ms=10_000, task_run_id=None, worker="w")
+    run = admit(envelope=envelope(account, "a"), queue="default", estimate_ms=10_000, worker="w")
     settle(reservation_id=run.reservation_id, account_id=account.pk, queue="default", meter=meter(cpu_ms=10_100),
            cap_hit=True, envelope=envelope(account, "a"))
     held = DeferredTask.objects.get()
@@ -215,7 +215,7 @@ def test_a_sent_job_holds_a_slot_until_it_starts_so_a_burst_waits_in_the_holding
     assert [e["ref"] for e in queued_envelopes()] == ["a"]
 
     # When it starts, the run takes over its own slot (no deferral), and settling releases the next.
-    run = admit(envelope=envelope(account, "a"), queue="default", estimate_ms=10, task_run_id=None, worker="w")
+    run = admit(envelope=envelope(account, "a"), queue="default", estimate_ms=10, worker="w")
     assert run.admitted
     assert Reservation.objects.get().status == ReservationStatus.ACTIVE
     with django_capture_on_commit_callbacks(execute=True):
@@ -223,7 +223,7 @@ def test_a_sent_job_holds_a_slot_until_it_starts_so_a_burst_waits_in_the_holding
     assert [e["ref"] for e in queued_envelopes()] == ["a", "b"]
     assert list(Reservation.objects.values_list("ref", "status")) == [("b", ReservationStatus.DISPATCHED)]
     # A duplicate delivery of the finished job finds no slot of its own and none free: it waits.
-    duplicate = admit(envelope=envelope(account, "a"), queue="default", estimate_ms=10, task_run_id=None, worker="w")
+    duplicate = admit(envelope=envelope(account, "a"), queue="default", estimate_ms=10, worker="w")
     assert duplicate.reason == DeferReason.CONCURRENCY_CAP
 
 
@@ -260,9 +260,9 @@ def test_one_slot_too_many_dispatched_by_racing_enqueues_still_runs_one_job_at_a
     Reservation.objects.create(account=account, queue="default", day=clock.budget_day(), job="tests.noop",
                                ref="b", status=ReservationStatus.DISPATCHED,
                                lease_expires_at=timezone.now() + dt.timedelta(minutes=5))
-    assert admit(envelope=envelope(account, "a"), queue="default", estimate_ms=10, task_run_id=None,
+    assert admit(envelope=envelope(account, "a"), queue="default", estimate_ms=10,
                  worker="w").admitted
-    racer = admit(envelope=envelope(account, "b"), queue="default", estimate_ms=10, task_run_id=None, worker="w")
+    racer = admit(envelope=envelope(account, "b"), queue="default", estimate_ms=10, worker="w")
     assert racer.reason == DeferReason.CONCURRENCY_CAP
     assert list(Reservation.objects.values_list("ref", "status")) == [("a", ReservationStatus.ACTIVE)]
     assert DeferredTask.objects.get().ref == "b"

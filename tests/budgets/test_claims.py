@@ -26,7 +26,7 @@ def budget(account, cap: int) -> Budget:
 
 def run(account, ref: str, claim: str | None = None):
     return admit(envelope=Envelope(job="tests.noop", account=account.pk, ref=ref), queue="default", estimate_ms=10,
-                 task_run_id=None, worker="w", claim=claim)
+                 worker="w", claim=claim)
 
 
 def test_settlement_hands_the_freed_slot_to_the_accounts_oldest_held_job(account):

@@ -233,7 +233,7 @@ def test_one_accounts_flood_does_not_hold_up_another_account(start_cluster):
     # The flood arrives while the noisy account is busy: its only slot is taken, by the same
     # admission a worker uses, until the whole flood is in.
     busy = admit(envelope=Envelope(job="tests.sleep", account=noisy.pk, ref="0/busy"), queue="default",
-                 estimate_ms=10, task_run_id=None, worker="test")
+                 estimate_ms=10, worker="test")
     assert busy.admitted
     flood = 200
     for i in range(flood):

@@ -24,7 +24,7 @@ def test_budget_status_shows_use_reservations_slots_and_held_work(account, other
     Budget.objects.create(account=account, queue="default", cpu_seconds_per_day=10, max_concurrent=2)
     UsageDay.objects.create(account=account, queue="default", day=clock.budget_day(), cpu_used_ms=2500)
     admit(envelope=Envelope(job="tests.noop", account=account.pk, ref="running"), queue="default",
-          estimate_ms=10, task_run_id=None, worker="w")
+          estimate_ms=10, worker="w")
     assert enqueue(job="tests.noop", account=account.pk, ref="sent") is not None
     assert enqueue(job="tests.noop", account=account.pk, ref="held") is None  # both slots taken
 
