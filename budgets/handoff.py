@@ -4,7 +4,7 @@ round trip.
 
 Two ways to claim, both deciding under the account's Budget row lock (budgets.standing) and both
 taking the job's slot (a DISPATCHED reservation, leased for FAIRSHARE["HANDOFF_CLAIM_LEASE_S"])
-in the same transaction as the claim on the held row (scheduling.holding.claim_oldest):
+in the same transaction as the claim on the held row (scheduling.holding.claim_oldest_sql):
 
 - hand-off: a settlement that frees a slot gives it to the same account's oldest eligible held
   job and returns it to the settling worker (`hand_off`, called inside `services.settle`);
@@ -27,7 +27,7 @@ from budgets import clock, standing
 from budgets.models import Budget, Reservation, ReservationStatus
 from budgets.standing import Standing
 from scheduling.envelope import Envelope
-from scheduling.holding import claim_oldest, release_oldest
+from scheduling.holding import claim_oldest_sql, release_oldest
 from scheduling.models import DeferredTask
 
 # A claimant yields to the broker (returns to django-q2) when a job sent to the broker on this
@@ -63,20 +63,28 @@ def hand_off(
     *, account_id: int, queue: str, state: Standing, day: dt.date, worker: str, yield_to_broker: bool = True,
 ) -> Envelope | None:
     """In the settling transaction, under the account's lock: claim its oldest eligible held job
-    for `worker` into the slot the settlement just freed."""
+    for `worker` into the slot the settlement just freed, unless (`yield_to_broker`) a job sent to
+    the broker on the queue waits for a worker: then the caller releases it to the broker instead,
+    behind what waits there."""
     # The same test as `release`: a job whose account has nothing left to reserve goes all the
     # same when none of its runs is active (its admission then holds it until the next day).
     if not state.held or state.free_slots <= 0 or (state.unreserved_ms <= 0 and state.active):
         return None  # nothing waits, or it would only be held again until a run gives budget back
-    if yield_to_broker and _broker_backlog(queue):
-        return None  # the caller releases it to the broker instead, behind what waits there
-    task = claim_oldest(account_id=account_id, queue=queue, worker=worker,
-                        lease_s=settings.FAIRSHARE["HANDOFF_CLAIM_LEASE_S"])
-    if task is None:
-        return None
-    envelope = Envelope(job=task.job, account=account_id, ref=task.ref)
-    standing.dispatch(envelope=envelope, queue=queue, day=day, lease_s=settings.FAIRSHARE["HANDOFF_CLAIM_LEASE_S"])
-    return envelope
+    lease_s = settings.FAIRSHARE["HANDOFF_CLAIM_LEASE_S"]
+    unless = (f"EXISTS ({_WAITING_IN_BROKER})", _waiting_params(queue)) if yield_to_broker else ("", [])
+    claim = claim_oldest_sql(account_id=account_id, queue=queue, worker=worker, lease_s=lease_s, unless=unless)
+    with connection.cursor() as cursor:
+        if connection.vendor == "postgresql":  # the claim and its slot in one statement
+            cursor.execute(*standing.dispatch_claimed_sql(claim=claim, account_id=account_id, queue=queue, day=day,
+                                                          lease_s=lease_s))
+            row = cursor.fetchone()
+        else:
+            cursor.execute(*claim)
+            row = cursor.fetchone()
+            if row is not None:
+                standing.dispatch(envelope=Envelope(job=row[0], account=account_id, ref=row[1]), queue=queue, day=day,
+                                  lease_s=lease_s)
+    return Envelope(job=row[0], account=account_id, ref=row[1]) if row else None
 
 
 # A job sent to the broker on the queue waits for a worker: a dispatched slot older than
@@ -86,7 +94,6 @@ SELECT 1 FROM {reservation} r
  WHERE r.queue = %s AND r.status = %s AND r.created_at < %s
    AND NOT EXISTS (SELECT 1 FROM {deferred} d WHERE d.job = r.job AND d.ref = r.ref)
 """.format(reservation=Reservation._meta.db_table, deferred=DeferredTask._meta.db_table)
-_BACKLOG_SQL = f"SELECT EXISTS ({_WAITING_IN_BROKER})"
 
 # Accounts with eligible held work on a queue and a free slot there, fewest slots in use first,
 # then the one whose oldest held job waited longest; none while work waits in the broker. One
@@ -109,23 +116,18 @@ SELECT account_id FROM ({_CANDIDATES_SQL}) c
 """
 
 
-def _waiting_since() -> dt.datetime:
-    return timezone.now() - dt.timedelta(seconds=BROKER_WAIT_YIELD_S)
-
-
-def _broker_backlog(queue: str) -> bool:
-    """Whether a job sent to the broker on `queue` waits for a worker."""
-    with connection.cursor() as cursor:
-        cursor.execute(_BACKLOG_SQL, [queue, ReservationStatus.DISPATCHED, _waiting_since()])
-        return bool(cursor.fetchone()[0])
+def _waiting_params(queue: str) -> list:
+    """The parameters of _WAITING_IN_BROKER."""
+    since = timezone.now() - dt.timedelta(seconds=BROKER_WAIT_YIELD_S)
+    return [queue, ReservationStatus.DISPATCHED, connection.ops.adapt_datetimefield_value(since)]
 
 
 def pull(*, queue: str, worker: str) -> Envelope | None:
     """Claim one eligible held job of `queue` for `worker` into a free slot, in fair order."""
     now = clock.now()
     with connection.cursor() as cursor:
-        cursor.execute(_FAIR_ORDER_SQL, [queue, *standing.IN_FLIGHT, queue, now, now,
-                                         queue, ReservationStatus.DISPATCHED, _waiting_since(), PULL_CANDIDATES])
+        cursor.execute(_FAIR_ORDER_SQL, [queue, *standing.IN_FLIGHT, queue, now, now, *_waiting_params(queue),
+                                         PULL_CANDIDATES])
         candidates = [row[0] for row in cursor.fetchall()]
     day = clock.budget_day(now)
     for account_id in candidates:

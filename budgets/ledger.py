@@ -2,8 +2,8 @@
 as few round trips as possible (bench/budget_overhead.py counts them). Called under the account's
 Budget row lock (budgets.standing), inside the caller's transaction.
 
-- Admission (`take_slot`): the CPU reserved on the day, the slot made ACTIVE and the run's record
-  inserted (its SQL from scheduling.services: the scheduling app owns that table).
+- Admission (`take_slot`): the CPU reserved on the day, the slot made ACTIVE, the run's record
+  inserted and a claimed job's claim completed (their SQL from scheduling: it owns those tables).
 - Settlement (`charge`): the reservation deleted (exactly once: RETURNING says whether it was
   there), its run's figures charged to its day and recorded on its run, and what the settlement
   needs to know next (is work held for this account; does any held work of the queue wait for a
@@ -24,6 +24,7 @@ from budgets.models import Reservation, ReservationStatus, UsageDay
 from budgets.standing import Standing
 from scheduling.envelope import Envelope
 from scheduling.metering import Meter
+from scheduling.holding import claim_complete_sql
 from scheduling.models import DeferredTask, TaskRun
 from scheduling.services import task_run_insert_sql
 
@@ -79,12 +80,13 @@ def _slot_sql(own: int | None, run_id_sql: str) -> str:
 
 def take_slot(
     *, envelope: Envelope, queue: str, state: Standing, day: dt.date, own: int | None, reserve_ms: int,
-    run: TaskRun | None, worker: str,
+    run: TaskRun | None, worker: str, claim: str | None = None,
 ) -> int:
     """Reserve the run's CPU on its day, make its slot (its own dispatched one, or a new one)
-    ACTIVE and, for a `run` not saved yet, insert its record (setting `run.pk`); returns the
-    slot's id. Rows of three tables, independent of each other: on PostgreSQL one statement (a
-    data-modifying WITH: its parts see one snapshot, all any of them needs)."""
+    ACTIVE, for a `run` not saved yet insert its record (setting `run.pk`), and for a job claimed
+    by worker `claim` complete the claim; returns the slot's id. Rows of four tables, independent
+    of each other: on PostgreSQL one statement (a data-modifying WITH: its parts see one snapshot,
+    all any of them needs)."""
     usage_id = standing.usage_id(state, account_id=envelope.account, queue=queue, day=day)
     ops = connection.ops
     slot = {"status": ReservationStatus.ACTIVE, "day": ops.adapt_datefield_value(day), "worker": worker,
@@ -98,16 +100,21 @@ def take_slot(
     insert_run = run is not None and run.pk is None
     run_sql, run_params = task_run_insert_sql(run) if insert_run else ("", [])
     own_params = [own] if own is not None else []
+    claim_sql, claim_params = (claim_complete_sql(job=envelope.job, ref=envelope.ref, worker=claim)
+                               if claim is not None else ("", []))
     with connection.cursor() as cursor:
         if connection.vendor == "postgresql":
-            parts = [f"u AS ({_RESERVE_SQL} RETURNING 1)"] + ([f"t AS ({run_sql})"] if insert_run else [])
+            parts = ([f"u AS ({_RESERVE_SQL} RETURNING 1)"] + ([f"t AS ({run_sql})"] if insert_run else [])
+                     + ([f"k AS ({claim_sql} RETURNING 1)"] if claim_sql else []))
             slot_sql = _slot_sql(own, "(SELECT id FROM t)" if insert_run else "%s")
             cursor.execute(f"WITH {', '.join(parts)} {slot_sql}",
-                           [reserve_ms, usage_id, *run_params, *slot_params,
+                           [reserve_ms, usage_id, *run_params, *claim_params, *slot_params,
                             *([] if insert_run else [run.pk if run else None]), *own_params])
             slot_id, run_id = cursor.fetchone()
         else:
             cursor.execute(_RESERVE_SQL, [reserve_ms, usage_id])
+            if claim_sql:
+                cursor.execute(claim_sql, claim_params)
             if insert_run:
                 cursor.execute(run_sql, run_params)
                 run_id = cursor.fetchone()[0]

@@ -15,7 +15,7 @@ from budgets import clock, handoff, ledger, standing
 from budgets.models import Account, Budget, Reservation, ReservationStatus, UsageDay
 from budgets.standing import Standing
 from scheduling.envelope import Envelope
-from scheduling.holding import claim_complete, claim_held, eligible, hold
+from scheduling.holding import eligible, hold
 from scheduling.metering import Meter
 from scheduling.models import DeferReason, DeferredTask, TaskRun
 from scheduling.selectors import finished_run_cpu_ms
@@ -53,9 +53,11 @@ def _lock(*, account_id: int, queue: str) -> None:
         Budget.objects.select_for_update().get(account_id=account_id, queue=queue)
 
 
-def _locked_state(*, account_id: int, queue: str, day: dt.date, envelope: Envelope | None = None) -> Standing:
+def _locked_state(
+    *, account_id: int, queue: str, day: dt.date, envelope: Envelope | None = None, claim: str | None = None,
+) -> Standing:
     _lock(account_id=account_id, queue=queue)
-    return standing.read(account_id=account_id, queue=queue, day=day, envelope=envelope)
+    return standing.read(account_id=account_id, queue=queue, day=day, envelope=envelope, claim=claim)
 
 
 def _hold(
@@ -83,9 +85,9 @@ def admit(
     with transaction.atomic():
         now = clock.now()
         day = clock.budget_day(now)
-        state = _locked_state(account_id=account_id, queue=queue, day=day, envelope=envelope)
+        state = _locked_state(account_id=account_id, queue=queue, day=day, envelope=envelope, claim=claim)
         own = state.own_slot
-        if claim is not None and not claim_held(job=envelope.job, ref=envelope.ref, worker=claim):
+        if claim is not None and not state.claimed:
             Reservation.objects.filter(pk=own).delete()  # its slot, if the reclaim has not taken it
             return Admission(None)
         # Without a slot of its own it needs a free one; with one, the cap on running jobs still
@@ -109,10 +111,9 @@ def admit(
         # account never overlap more than its concurrency cap allows.
         if run is not None and run.pk is not None:
             task_run_mark_started(run=run)
+        # (It inserts a `run` not saved yet, and completes the claim.)
         own = ledger.take_slot(envelope=envelope, queue=queue, state=state, day=day, own=own, reserve_ms=reserve_ms,
-                               run=run, worker=worker)  # (inserts a `run` not saved yet)
-        if claim is not None:
-            claim_complete(job=envelope.job, ref=envelope.ref, worker=claim)
+                               run=run, worker=worker, claim=claim)
     return Admission(own, allowance_ms=reserve_ms, paused=state.paused)
 
 

@@ -23,6 +23,7 @@ from budgets import clock
 from budgets.models import Budget, Reservation, ReservationStatus, UsageDay
 from scheduling.envelope import Envelope
 from scheduling.models import DeferReason, DeferredTask
+from scheduling.holding import CLAIM_HELD_SQL
 from scheduling.pausing import COVERED_SQL
 
 IN_FLIGHT = (ReservationStatus.DISPATCHED, ReservationStatus.ACTIVE)
@@ -42,6 +43,7 @@ class Standing:
     held: bool  # anything in the holding area on this queue
     own_slot: int | None = None  # the job's own dispatched Reservation, when asked for a job
     paused: bool = False  # a pause covers the account's work on this queue (scheduling.pausing)
+    claimed: bool = False  # the worker asked about still holds its claim on the job (scheduling.holding)
 
     @property
     def unreserved_ms(self) -> int:
@@ -63,18 +65,21 @@ SELECT b.cpu_seconds_per_day, b.max_concurrent, u.id, COALESCE(u.cpu_used_ms, 0)
        EXISTS (SELECT 1 FROM {deferred} d WHERE d.account_id = b.account_id AND d.queue = b.queue),
        (SELECT MIN(r.id) FROM {reservation} r
          WHERE r.account_id = b.account_id AND r.queue = b.queue AND r.status = %s AND r.job = %s AND r.ref = %s),
-       {paused}
+       {paused}, {claimed}
   FROM {budget} b
   LEFT JOIN {usage} u ON u.account_id = b.account_id AND u.queue = b.queue AND u.day = %s
  WHERE b.account_id = %s AND b.queue = %s
 """.format(reservation=Reservation._meta.db_table, deferred=DeferredTask._meta.db_table,
            budget=Budget._meta.db_table, usage=UsageDay._meta.db_table,
-           paused=COVERED_SQL.format(account="b.account_id", queue="b.queue"))
+           paused=COVERED_SQL.format(account="b.account_id", queue="b.queue"), claimed=CLAIM_HELD_SQL)
 
 
-def read(*, account_id: int, queue: str, day: dt.date, envelope: Envelope | None = None) -> Standing | None:
+def read(
+    *, account_id: int, queue: str, day: dt.date, envelope: Envelope | None = None, claim: str | None = None,
+) -> Standing | None:
     """The budget, today's usage, the slots taken, whether work is held and (given an envelope)
-    the slot that job was dispatched with, in one query.
+    the slot that job was dispatched with and whether worker `claim` still holds its claim on it,
+    in one query.
 
     Run after the Budget row lock was taken (`lock`), in a statement of its own, it sees
     everything committed before the lock was granted (READ COMMITTED: a new snapshot per statement).
@@ -83,15 +88,16 @@ def read(*, account_id: int, queue: str, day: dt.date, envelope: Envelope | None
     with connection.cursor() as cursor:
         cursor.execute(_STATE_SQL, [
             ReservationStatus.DISPATCHED, ReservationStatus.ACTIVE, ReservationStatus.ACTIVE,
-            ReservationStatus.DISPATCHED, job, ref, day.isoformat(), account_id, queue,
+            ReservationStatus.DISPATCHED, job, ref, job, ref, claim, day.isoformat(), account_id, queue,
         ])
         row = cursor.fetchone()
     if row is None:
         return None
-    cpu_seconds, max_concurrent, usage_id, used, reserved, in_flight, active, held, own_slot, paused = row
+    cpu_seconds, max_concurrent, usage_id, used, reserved, in_flight, active, held, own_slot, paused, claimed = row
     return Standing(cpu_limit_ms=cpu_seconds * 1000, max_concurrent=max_concurrent, usage_id=usage_id,
                     cpu_used_ms=used, cpu_reserved_ms=reserved, in_flight=in_flight, active=active,
-                    held=bool(held), own_slot=own_slot if envelope is not None else None, paused=bool(paused))
+                    held=bool(held), own_slot=own_slot if envelope is not None else None, paused=bool(paused),
+                    claimed=bool(claimed))
 
 
 _LOCK_SQL = f"SELECT 1 FROM {Budget._meta.db_table} WHERE account_id = %s AND queue = %s"
@@ -137,9 +143,10 @@ def dispatch_lease_expiry() -> dt.datetime:
 # The enqueue-time check's common case in one statement and no lock (budgets.services.admit_at_enqueue):
 # a dispatched slot for the job when its account has budget left today, a free slot on the queue,
 # nothing held there and no slot of the job's own yet. The columns not named keep their defaults.
+_DISPATCH_COLUMNS = ("(account_id, queue, day, job, ref, status, lease_expires_at, created_at, worker, cpu_reserved_ms, "
+                     "cpu_reported_ms, cpu_charged_ms)")
 _DISPATCH_IF_FREE_SQL = """
-INSERT INTO {reservation} (account_id, queue, day, job, ref, status, lease_expires_at, created_at,
-                           worker, cpu_reserved_ms, cpu_reported_ms, cpu_charged_ms)
+INSERT INTO {reservation} {columns}
 SELECT b.account_id, b.queue, %s, %s, %s, %s, %s, %s, '', 0, 0, 0
   FROM {budget} b
   LEFT JOIN {usage} u ON u.account_id = b.account_id AND u.queue = b.queue AND u.day = %s
@@ -152,7 +159,7 @@ SELECT b.account_id, b.queue, %s, %s, %s, %s, %s, %s, '', 0, 0, 0
                       AND r.status = %s AND r.job = %s AND r.ref = %s)
 RETURNING id
 """.format(reservation=Reservation._meta.db_table, deferred=DeferredTask._meta.db_table,
-           budget=Budget._meta.db_table, usage=UsageDay._meta.db_table)
+           budget=Budget._meta.db_table, usage=UsageDay._meta.db_table, columns=_DISPATCH_COLUMNS)
 
 
 def dispatch_if_free(*, envelope: Envelope, queue: str, day: dt.date) -> bool:
@@ -169,6 +176,20 @@ def dispatch_if_free(*, envelope: Envelope, queue: str, day: dt.date) -> bool:
             dispatched, ReservationStatus.ACTIVE, dispatched, envelope.job, envelope.ref,
         ])
         return cursor.fetchone() is not None
+
+
+def dispatch_claimed_sql(*, claim: tuple[str, list], account_id: int, queue: str, day: dt.date,
+                        lease_s: float) -> tuple[str, list]:
+    """One statement (PostgreSQL) that runs `claim`, a data-modifying statement returning a held
+    job's (job, ref) (scheduling.holding.claim_oldest_sql), and takes a slot for the job it claimed,
+    leased like the claim; it returns (job, ref), or no row when nothing was claimed."""
+    ops = connection.ops
+    now = timezone.now()
+    claim_sql, claim_params = claim
+    sql = (f"WITH c AS ({claim_sql}) INSERT INTO {Reservation._meta.db_table} {_DISPATCH_COLUMNS} "
+           "SELECT %s, %s, %s, c.job, c.ref, %s, %s, %s, '', 0, 0, 0 FROM c RETURNING job, ref")
+    return sql, [*claim_params, account_id, queue, ops.adapt_datefield_value(day), ReservationStatus.DISPATCHED,
+                 ops.adapt_datetimefield_value(now + dt.timedelta(seconds=lease_s)), ops.adapt_datetimefield_value(now)]
 
 
 def dispatch(*, envelope: Envelope, queue: str, day: dt.date, lease_s: float | None = None) -> Reservation:

@@ -4,7 +4,7 @@ time it becomes eligible, instead of in the broker. Only this module writes it.
 Release = taking held work out of the holding area and sending it again; nothing else.
 Claim = a worker takes a held job to run it itself, straight away, without a broker round trip
 (a hand-off when its account's run settles, a pull when a worker has nothing else to do): the row
-stays, marked with the worker and a lease, until that run is admitted (`claim_complete`). A claim
+stays, marked with the worker and a lease, until that run is admitted (`claim_complete_sql`). A claim
 whose lease expired (its worker died) is eligible again: the next release or claim takes it.
 
 A process releases only work whose envelope version it speaks (`eligible`): messages parked for
@@ -17,7 +17,7 @@ import json
 import logging
 from typing import Any
 
-from django.db import transaction
+from django.db import connection, transaction
 from django.db.models import F, Q
 
 from budgets.models import Account
@@ -87,23 +87,44 @@ def eligible(now: dt.datetime) -> Q:
             & Q(envelope_version__lte=known_version()))
 
 
-def claim_oldest(*, account_id: int, queue: str, worker: str, lease_s: float) -> DeferredTask | None:
-    """Claim the account's oldest eligible held job for `worker`, which will run it itself.
+# A claim: the account's oldest eligible held job (`eligible`'s condition; never a parked message:
+# it goes back to the broker as it came), locked with SKIP LOCKED so two workers never claim the same job and one
+# claiming job waits for no other, marked with its claimant and the claim's expiry.
+_CLAIM_SQL = """
+UPDATE {deferred} SET claimed_by = %s, claim_expires_at = %s
+ WHERE id = (SELECT d.id FROM {deferred} d
+              WHERE d.account_id = %s AND d.queue = %s AND d.message IS NULL AND d.envelope_version <= %s
+                AND d.eligible_at <= %s AND (d.claim_expires_at IS NULL OR d.claim_expires_at < %s){unless}
+              ORDER BY d.created_at, d.id LIMIT 1{lock})
+RETURNING job, ref
+"""
 
-    Call it inside a transaction (the caller takes the job's slot in the same one): the row is
-    locked with SKIP LOCKED, so two workers never claim the same job, and one claiming job waits
-    for no other.
-    """
+
+def claim_oldest_sql(
+    *, account_id: int, queue: str, worker: str, lease_s: float, unless: tuple[str, list] = ("", []),
+) -> tuple[str, list]:
+    """Claim the account's oldest eligible held job for `worker`, which will run it itself, unless
+    the SQL condition `unless` holds: an UPDATE returning the job's (job, ref), for a caller that
+    sends it with the slot it takes for the job in one statement (budgets.handoff), inside its
+    transaction."""
     now = clock.now()
-    task = (DeferredTask.objects.select_for_update(skip_locked=True)
-            # A parked message is never claimed: it goes back to the broker as it came.
-            .filter(eligible(now), account_id=account_id, queue=queue, message__isnull=True)
-            .order_by("created_at", "id").first())
-    if task is None:
-        return None
-    task.claimed_by, task.claim_expires_at = worker, now + dt.timedelta(seconds=lease_s)
-    DeferredTask.objects.filter(pk=task.pk).update(claimed_by=task.claimed_by, claim_expires_at=task.claim_expires_at)
-    return task
+    ops = connection.ops
+    condition, condition_params = unless
+    lock = " FOR UPDATE SKIP LOCKED" if connection.features.has_select_for_update_skip_locked else ""
+    sql = _CLAIM_SQL.format(deferred=DeferredTask._meta.db_table, lock=lock,
+                            unless=f" AND NOT {condition}" if condition else "")
+    expires = ops.adapt_datetimefield_value(now + dt.timedelta(seconds=lease_s))
+    now = ops.adapt_datetimefield_value(now)
+    return sql, [worker, expires, account_id, queue, known_version(), now, now, *condition_params]
+
+
+def claim_oldest(*, account_id: int, queue: str, worker: str, lease_s: float) -> Envelope | None:
+    """`claim_oldest_sql`, run: the claimed job, or None. Call it inside a transaction."""
+    sql, params = claim_oldest_sql(account_id=account_id, queue=queue, worker=worker, lease_s=lease_s)
+    with connection.cursor() as cursor:
+        cursor.execute(sql, params)
+        row = cursor.fetchone()
+    return Envelope(job=row[0], account=account_id, ref=row[1]) if row else None
 
 
 def claim_next(*, queue: str, worker: str) -> Envelope | None:
@@ -122,17 +143,18 @@ def claim_next(*, queue: str, worker: str) -> Envelope | None:
     return None
 
 
-def claim_held(*, job: str, ref: str, worker: str) -> bool:
-    """Whether `worker` still holds its claim on the job (locks the row until the caller commits,
-    so nobody takes it meanwhile)."""
-    return DeferredTask.objects.select_for_update().filter(job=job, ref=ref, claimed_by=worker).exists()
+# Whether a worker still holds its claim on a job (`worker`: NULL when there is no claim, which
+# matches nothing), as SQL for the state a run's admission reads (budgets.standing).
+CLAIM_HELD_SQL = (f"EXISTS (SELECT 1 FROM {DeferredTask._meta.db_table} c "
+                  "WHERE c.job = %s AND c.ref = %s AND c.claimed_by = %s)")
 
 
-def claim_complete(*, job: str, ref: str, worker: str) -> bool:
-    """The claimed job's run is admitted: it leaves the holding area. False when the claim was
-    lost (it expired and the job was released or claimed again): the caller must not run it."""
-    deleted, _ = DeferredTask.objects.filter(job=job, ref=ref, claimed_by=worker).delete()
-    return deleted > 0
+def claim_complete_sql(*, job: str, ref: str, worker: str) -> tuple[str, list]:
+    """The claimed job's run is admitted: it leaves the holding area (a DELETE, for the caller to
+    send with the slot it takes, budgets.ledger). Send it where the claim was seen held, under a
+    lock that keeps others from taking it (the account's Budget row: every release and claim of
+    its work takes that lock)."""
+    return f"DELETE FROM {DeferredTask._meta.db_table} WHERE job = %s AND ref = %s AND claimed_by = %s", [job, ref, worker]
 
 
 def release_oldest(*, account_id: int, queue: str, limit: int) -> list[DeferredTask]:
