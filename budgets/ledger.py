@@ -20,7 +20,7 @@ from django.db import connection
 from django.utils import timezone
 
 from budgets import standing
-from budgets.models import Reservation, ReservationStatus, UsageDay
+from budgets.models import Budget, Reservation, ReservationStatus, UsageDay
 from budgets.standing import Standing
 from scheduling.envelope import Envelope
 from scheduling.metering import Meter
@@ -30,7 +30,7 @@ from scheduling.services import task_run_insert_sql
 
 _DELETE_SQL = f"""
 DELETE FROM {Reservation._meta.db_table} WHERE id = %s
-RETURNING task_run_id, day, status, cpu_reserved_ms, cpu_charged_ms
+RETURNING task_run_id, day, status, cpu_reserved_ms, cpu_charged_ms, id
 """
 
 # The deleted reservation's figures come from `r`: the DELETE's own result (a WITH on PostgreSQL)
@@ -54,10 +54,20 @@ EXISTS (SELECT 1 FROM {deferred} d WHERE d.account_id = %s AND d.queue = %s),
 EXISTS (SELECT 1 FROM {deferred} d WHERE d.queue = %s AND d.eligible_at <= %s
          AND (d.claim_expires_at IS NULL OR d.claim_expires_at < %s))
 """.format(deferred=DeferredTask._meta.db_table)
-# PostgreSQL: the whole settlement's ledger in one statement (the WITH parts see one snapshot,
-# taken after the caller's lock was granted; the UPDATEs read the deleted row through `r`).
-_SETTLE_SQL = (f"WITH r AS ({_DELETE_SQL}), c AS ({_CHARGE_SQL.format(r='r')} RETURNING 1), t AS ({{run}}) "
-               f"SELECT r.task_run_id, r.status, {_FLAGS_SQL} FROM r")
+# PostgreSQL: the account's standing after the settlement (budgets.standing.Standing, less what the
+# hand-off and release do not use), read with it: the day charged, as `c` returns it, and the
+# slots but the one deleted (every part of the statement sees the snapshot from before it).
+_AFTER_SQL = """b.cpu_seconds_per_day, b.max_concurrent, c.id, c.day, c.cpu_used_ms, c.cpu_reserved_ms,
+(SELECT COUNT(*) FROM {reservation} x WHERE x.account_id = b.account_id AND x.queue = b.queue
+    AND x.status IN (%s, %s) AND x.id <> r.id),
+(SELECT COUNT(*) FROM {reservation} x WHERE x.account_id = b.account_id AND x.queue = b.queue
+    AND x.status = %s AND x.id <> r.id)""".format(reservation=Reservation._meta.db_table)
+# The whole settlement's ledger in one statement (the WITH parts see one snapshot, taken after the
+# caller's lock was granted; the UPDATEs read the deleted row through `r`).
+_SETTLE_SQL = (f"WITH r AS ({_DELETE_SQL}), "
+               f"c AS ({_CHARGE_SQL.format(r='r')} RETURNING u.id, u.day, u.cpu_used_ms, u.cpu_reserved_ms), "
+               f"t AS ({{run}}) SELECT r.task_run_id, r.status, {_FLAGS_SQL}, {_AFTER_SQL} "
+               f"FROM r LEFT JOIN c ON TRUE JOIN {Budget._meta.db_table} b ON b.account_id = %s AND b.queue = %s")
 _RUN_OF_R = "(SELECT task_run_id FROM r)"
 
 
@@ -135,6 +145,8 @@ class Charged:
     was_active: bool  # it ran (admitted); else it was only dispatched or claimed
     held: bool  # work is held for the account on this queue
     waiting: bool  # held work of the queue waits for a worker
+    after: Standing | None = None  # the account's standing on `day` after it, when read with it
+    day: dt.date | None = None
 
 
 def charge(*, reservation_id: int, account_id: int, queue: str, meter: Meter, cap_hit: bool,
@@ -150,18 +162,25 @@ def charge(*, reservation_id: int, account_id: int, queue: str, meter: Meter, ca
     with connection.cursor() as cursor:
         if connection.vendor == "postgresql":
             run_sql, run_params = finished(_RUN_OF_R)
-            cursor.execute(_SETTLE_SQL.format(run=run_sql),
-                           [reservation_id, *set_params, *where_params, *run_params, *flag_params])
+            cursor.execute(_SETTLE_SQL.format(run=run_sql), [
+                reservation_id, *set_params, *where_params, *run_params, *flag_params,
+                *standing.IN_FLIGHT, ReservationStatus.ACTIVE, *where_params,
+            ])
             row = cursor.fetchone()
             if row is None:
                 return None
-            task_run_id, status, held, waiting = row
+            task_run_id, status, held, waiting, cpu_seconds, max_concurrent, usage_id, day, used, reserved, in_flight, \
+                running = row
+            after = Standing(cpu_limit_ms=cpu_seconds * 1000, max_concurrent=max_concurrent, usage_id=usage_id,
+                             cpu_used_ms=used, cpu_reserved_ms=reserved, in_flight=in_flight, active=running,
+                             held=bool(held))
+            return Charged(task_run_id, status == active, held=bool(held), waiting=bool(waiting), after=after, day=day)
         else:
             cursor.execute(_DELETE_SQL, [reservation_id])
             row = cursor.fetchone()
             if row is None:
                 return None
-            task_run_id, day, status, reserved_ms, charged_ms = row
+            task_run_id, day, status, reserved_ms, charged_ms, _ = row
             cursor.execute(_CHARGE_SQL.format(r=_R_VALUES),
                            [*set_params, day, status, reserved_ms, charged_ms, *where_params])
             if task_run_id:

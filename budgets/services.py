@@ -208,8 +208,14 @@ def settle(
         if charged is None:
             return None
         claimed = None
+
+        def standing_now() -> Standing:  # read with the charge where the database could
+            if charged.after is not None and charged.day == day:
+                return charged.after
+            return standing.read(account_id=account_id, queue=queue, day=day)
+
         if cap_hit and envelope is not None:
-            state = standing.read(account_id=account_id, queue=queue, day=day)
+            state = standing_now()
             if state.unreserved_ms > 0:  # its account's other runs left some: it may go on with that
                 reason, eligible_at = DeferReason.BUDGET_RESERVED, now
             else:
@@ -217,7 +223,7 @@ def settle(
             hold(envelope=envelope, queue=queue, reason=reason, eligible_at=eligible_at)
             state = replace(state, held=True)
         elif charged.was_active and charged.held:
-            state = standing.read(account_id=account_id, queue=queue, day=day)
+            state = standing_now()
         else:
             state = None  # nothing held for this account: no slot to pass on, no state to read
         if charged.was_active and state is not None and handoff_to is not None:
