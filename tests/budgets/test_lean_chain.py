@@ -1,11 +1,15 @@
 """The lean chain: an account's run is recorded by its admission, in the same transaction as its
-slot; what happens to that record when the admission fails after making it."""
+slot, and completed by its settlement; what happens to that record when the admission fails after
+making it; and what a run and a hand-off cost in statements (counts, not timings)."""
 import pytest
+from django.db import connection
+from django.test.utils import CaptureQueriesContext
 
+from budgets import clock
 from budgets.models import Budget, Reservation, UsageDay
 from scheduling.envelope import Envelope
-from scheduling.models import Outcome, TaskRun
-from scheduling.runtime import execute
+from scheduling.models import DeferredTask, Outcome, TaskRun
+from scheduling.runtime import enqueue, enqueue_many, execute
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -28,3 +32,47 @@ def test_a_run_whose_admission_failed_after_recording_it_is_still_recorded_and_c
     assert run.finished_at is not None
     assert not Reservation.objects.exists()
     assert not UsageDay.objects.filter(cpu_reserved_ms__gt=0).exists()
+
+
+def statements(queries) -> list[str]:
+    """The SQL statements sent, without transaction control (Django logs BEGIN/COMMIT too)."""
+    return [q["sql"] for q in queries if q["sql"].strip().upper() not in {"BEGIN", "COMMIT", "ROLLBACK"}]
+
+
+def commits(queries) -> int:
+    return sum(1 for q in queries if q["sql"].strip().upper() == "COMMIT")
+
+
+def test_an_accounts_run_costs_five_statements_in_two_transactions(account):
+    """What bench/budget_overhead.py reports, held as a count: admission (lock, state, slot + run
+    record) and settlement (lock, the ledger + the run's complete record), nothing after."""
+    Budget.objects.create(account=account, queue="default", cpu_seconds_per_day=10, max_concurrent=4)
+    for ref in ("lean/first-of-the-day", "lean/count"):  # the day's first run also creates its ledger row
+        assert enqueue(job="tests.noop", account=account.pk, ref=ref) is not None
+        with CaptureQueriesContext(connection) as queries:
+            execute(Envelope(job="tests.noop", account=account.pk, ref=ref).to_message())
+
+    assert (len(statements(queries)), commits(queries)) == (5, 2), statements(queries)
+    run = TaskRun.objects.get(ref="lean/count")
+    assert (run.outcome, run.items) == (Outcome.SUCCEEDED, 1) and run.finished_at >= run.started_at
+    assert not Reservation.objects.exists()
+    assert UsageDay.objects.get().runs == 2
+
+
+def test_a_hand_off_cycle_costs_six_statements_in_two_transactions(account):
+    """Settle + claim the next held job + admit it, per run of a capped backlog, in FIFO order."""
+    Budget.objects.create(account=account, queue="default", cpu_seconds_per_day=10, max_concurrent=1)
+    UsageDay.objects.create(account=account, queue="default", day=clock.budget_day())  # not the day's first run
+    refs = [f"lean/h{i}" for i in range(5)]
+    assert [ref for ref, sent in zip(refs, enqueue_many(job="tests.noop", work=[(account.pk, r) for r in refs]))
+            if sent] == refs[:1]
+
+    with CaptureQueriesContext(connection) as queries:
+        execute(Envelope(job="tests.noop", account=account.pk, ref=refs[0]).to_message())
+
+    runs = list(TaskRun.objects.order_by("started_at").values_list("ref", "outcome"))
+    assert runs == [(ref, Outcome.SUCCEEDED) for ref in refs]
+    # The first admission (3) and the last settlement (2: nothing held, no pull) stand alone;
+    # each hand-off between runs is a settlement that claims (3) and the claimed run's admission (3).
+    assert (len(statements(queries)), commits(queries)) == (3 + 6 * 4 + 2, 2 * 5)
+    assert not Reservation.objects.exists() and not DeferredTask.objects.exists()
