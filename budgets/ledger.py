@@ -100,7 +100,8 @@ def take_slot(
     usage_id = standing.usage_id(state, account_id=envelope.account, queue=queue, day=day)
     ops = connection.ops
     slot = {"status": ReservationStatus.ACTIVE, "day": ops.adapt_datefield_value(day), "worker": worker,
-            "cpu_reserved_ms": reserve_ms, "lease_expires_at": ops.adapt_datetimefield_value(standing.run_lease_expiry())}
+            "cpu_reserved_ms": reserve_ms,
+            "lease_expires_at": ops.adapt_datetimefield_value(standing.run_lease_expiry())}
     if own is not None:
         slot_params = [slot[c] for c in _SLOT_COLUMNS]
     else:

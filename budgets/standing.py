@@ -143,8 +143,8 @@ def dispatch_lease_expiry() -> dt.datetime:
 # The enqueue-time check's common case in one statement and no lock (budgets.services.admit_at_enqueue):
 # a dispatched slot for the job when its account has budget left today, a free slot on the queue,
 # nothing held there and no slot of the job's own yet. The columns not named keep their defaults.
-_DISPATCH_COLUMNS = ("(account_id, queue, day, job, ref, status, lease_expires_at, created_at, worker, cpu_reserved_ms, "
-                     "cpu_reported_ms, cpu_charged_ms)")
+_DISPATCH_COLUMNS = ("(account_id, queue, day, job, ref, status, lease_expires_at, created_at, worker, "
+                     "cpu_reserved_ms, cpu_reported_ms, cpu_charged_ms)")
 _DISPATCH_IF_FREE_SQL = """
 INSERT INTO {reservation} {columns}
 SELECT b.account_id, b.queue, %s, %s, %s, %s, %s, %s, '', 0, 0, 0

@@ -88,8 +88,8 @@ def eligible(now: dt.datetime) -> Q:
 
 
 # A claim: the account's oldest eligible held job (`eligible`'s condition; never a parked message:
-# it goes back to the broker as it came), locked with SKIP LOCKED so two workers never claim the same job and one
-# claiming job waits for no other, marked with its claimant and the claim's expiry.
+# it goes back to the broker as it came), locked with SKIP LOCKED so two workers never claim the
+# same job and one claiming job waits for no other, marked with its claimant and the claim's expiry.
 _CLAIM_SQL = """
 UPDATE {deferred} SET claimed_by = %s, claim_expires_at = %s
  WHERE id = (SELECT d.id FROM {deferred} d
