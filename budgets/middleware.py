@@ -1,8 +1,12 @@
 """Budget admission and settlement around every account-scoped task (SPEC §4 Budgets)."""
 import _thread
+import contextlib
+import os
 import signal
 import threading
 import time
+from collections.abc import Iterator
+from dataclasses import dataclass
 
 from django.conf import settings
 from django.db import connections
@@ -18,28 +22,63 @@ from scheduling.services import final_outcome, worker_id
 REFILL_WAIT_S = 10
 
 
+@dataclass
+class _Watched:
+    """The run a watcher looks after, and what it has done for it."""
+
+    reservation_id: int
+    budget: RunBudget
+    interrupt_main: bool
+    next_renew: float
+    next_grow: float = 0.0
+
+
 class Watcher(threading.Thread):
-    """A running task's companion thread, on its own database connection.
+    """The worker process's companion thread, on its own database connection, watching the run in
+    progress (django-q2 runs one task at a time in a worker process; the thread is started by the
+    process's first run and lives as long as the process, so a run pays no thread start).
 
     Every tick it looks at the run's CPU: when the allowance runs low it reserves the next step
     from the account's remaining budget (`services.reservation_grow`); when there is none left and
     the allowance is spent, it stops the run with SIGXCPU (if the run is in the main thread, where
     `cpu_limit` handles it). Every RESERVATION_HEARTBEAT_S it reports the CPU used so far and
     renews the reservation's lease, so the slot of a run whose worker died is reclaimed once the
-    lease expires.
+    lease expires. Between runs it does nothing, and closes its connection.
     """
 
-    def __init__(self, reservation_id: int, budget: RunBudget, *, interrupt_main: bool):
-        super().__init__(name=f"fairshare-watcher-{reservation_id}", daemon=True)
-        self.reservation_id = reservation_id
-        self.budget = budget
-        self.interrupt_main = interrupt_main
+    _process: "Watcher | None" = None
+
+    @classmethod
+    def of_this_process(cls) -> "Watcher":
+        watcher = cls._process
+        if watcher is None or watcher.pid != os.getpid() or not watcher.is_alive():
+            watcher = cls._process = cls()
+            watcher.start()
+        return watcher
+
+    def __init__(self):
+        super().__init__(name="fairshare-watcher", daemon=True)
+        self.pid = os.getpid()
+        # Held while a tick acts for the watched run, and to change which run that is: once
+        # `watching` returns, nothing more is done for its run (no renewal, growth or SIGXCPU).
+        self._lock = threading.Lock()
+        self._run: _Watched | None = None
         self._wake = threading.Event()
-        self._stopping = threading.Event()
         self._refill_wanted = threading.Event()
         self._refilled = threading.Event()
-        self._next_renew = 0.0
-        self._next_grow = 0.0
+
+    @contextlib.contextmanager
+    def watching(self, reservation_id: int, budget: RunBudget, *, interrupt_main: bool) -> Iterator[None]:
+        renew_at = time.monotonic() + settings.FAIRSHARE["RESERVATION_HEARTBEAT_S"]
+        with self._lock:
+            self._run = _Watched(reservation_id, budget, interrupt_main, next_renew=renew_at)
+        budget.refill = self.refill
+        try:
+            yield
+        finally:
+            budget.finished = True
+            with self._lock:
+                self._run = None
 
     def refill(self) -> None:
         """From the run's thread: its allowance is spent; reserve more now if there is any."""
@@ -51,54 +90,43 @@ class Watcher(threading.Thread):
     def run(self) -> None:
         options = settings.FAIRSHARE
         tick, step = options["BUDGET_TICK_S"], options["RESERVATION_STEP_MS"]
-        self._next_renew = time.monotonic() + options["RESERVATION_HEARTBEAT_S"]
-        try:
-            while not self._stopping.is_set():
-                self._wake.wait(tick)
-                self._wake.clear()
-                if self._stopping.is_set():
-                    break
+        while True:
+            self._wake.wait(tick)
+            self._wake.clear()
+            with self._lock:
                 try:
-                    self._tick(step=step, renew_every=options["RESERVATION_HEARTBEAT_S"])
+                    if self._run is not None:
+                        self._tick(self._run, step=step, renew_every=options["RESERVATION_HEARTBEAT_S"])
+                    else:
+                        connections.close_all()  # this thread's own, if a run needed one
                 except Exception:  # a missed renewal only shortens the lease; the next one may work
                     connections.close_all()
                 finally:
                     if self._refill_wanted.is_set():
                         self._refill_wanted.clear()
                         self._refilled.set()
-        finally:
-            connections.close_all()  # this thread's own connections
 
-    def _tick(self, *, step: int, renew_every: float) -> None:
-        budget, now = self.budget, time.monotonic()
+    def _tick(self, run: _Watched, *, step: int, renew_every: float) -> None:
+        budget, now = run.budget, time.monotonic()
         wanted, remaining = self._refill_wanted.is_set(), budget.remaining()
         # Asked, or running low (not again within a second of a refusal while some is left).
-        low = remaining < step // 2 and (now >= self._next_grow or remaining <= 0)
+        low = remaining < step // 2 and (now >= run.next_grow or remaining <= 0)
         if not budget.exhausted and (wanted or low):
             granted = services.reservation_grow(
-                reservation_id=self.reservation_id, cpu_ms=budget.used_ms(), want_ms=step)
-            self._next_renew = now + renew_every  # growing renewed the lease too
+                reservation_id=run.reservation_id, cpu_ms=budget.used_ms(), want_ms=step)
+            run.next_renew = now + renew_every  # growing renewed the lease too
             if granted:
                 budget.grow(granted)
             elif budget.remaining() <= 0:
                 budget.exhausted = True  # everything left today is reserved or used
             else:
-                self._next_grow = now + 1  # others hold the rest; ask again in a second
-        elif now >= self._next_renew:
-            services.reservation_renew(reservation_id=self.reservation_id, cpu_ms=budget.used_ms())
-            self._next_renew = now + renew_every
-        if budget.exhausted and budget.remaining() <= 0 and self.interrupt_main and not budget.finished:
-            self.interrupt_main = False  # once: the handler raises BudgetExhausted in the run
+                run.next_grow = now + 1  # others hold the rest; ask again in a second
+        elif now >= run.next_renew:
+            services.reservation_renew(reservation_id=run.reservation_id, cpu_ms=budget.used_ms())
+            run.next_renew = now + renew_every
+        if budget.exhausted and budget.remaining() <= 0 and run.interrupt_main and not budget.finished:
+            run.interrupt_main = False  # once: the handler raises BudgetExhausted in the run
             _thread.interrupt_main(signal.SIGXCPU)
-
-    def __enter__(self):
-        self.start()
-        return self
-
-    def __exit__(self, *exc):
-        self._stopping.set()
-        self._wake.set()
-        self.join()
 
 
 class BudgetMiddleware:
@@ -125,12 +153,8 @@ class BudgetMiddleware:
         cap_hit = escaped = False
         try:
             with cpu_limit(budget):
-                with Watcher(admission.reservation_id, budget, interrupt_main=in_main_thread) as watcher:
-                    budget.refill = watcher.refill
-                    try:
-                        self.call_next(ctx)
-                    finally:
-                        budget.finished = True
+                with Watcher.of_this_process().watching(admission.reservation_id, budget, interrupt_main=in_main_thread):
+                    self.call_next(ctx)
         except BudgetExhausted:
             cap_hit = True
             ctx.outcome = Outcome.BUDGET_EXHAUSTED
