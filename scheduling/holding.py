@@ -118,15 +118,6 @@ def claim_oldest_sql(
     return sql, [worker, expires, account_id, queue, known_version(), now, now, *condition_params]
 
 
-def claim_oldest(*, account_id: int, queue: str, worker: str, lease_s: float) -> Envelope | None:
-    """`claim_oldest_sql`, run: the claimed job, or None. Call it inside a transaction."""
-    sql, params = claim_oldest_sql(account_id=account_id, queue=queue, worker=worker, lease_s=lease_s)
-    with connection.cursor() as cursor:
-        cursor.execute(sql, params)
-        row = cursor.fetchone()
-    return Envelope(job=row[0], account=account_id, ref=row[1]) if row else None
-
-
 def claim_next(*, queue: str, worker: str) -> Envelope | None:
     """Pull: a free worker asks the enqueue gates for held work of its queue (`next_for`), claimed
     for it in the gate's fair order; None when there is none (or the database is away)."""

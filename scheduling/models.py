@@ -73,7 +73,7 @@ class DeferredTask(models.Model):
     """The holding area: a job that may not run now, why, and from when it may.
 
     A held job is not in the broker. Releasing it deletes the row and rings the doorbell again.
-    A worker may instead claim it (hand-off or pull, scheduling.holding.claim_oldest) to run it
+    A worker may instead claim it (hand-off or pull, scheduling.holding.claim_oldest_sql) to run it
     itself without a broker round trip: the row stays, claimed, until that run is admitted; a
     claim whose lease expired (the worker died) makes the job eligible again.
     """

@@ -2,7 +2,7 @@
 holding area ("needs a newer worker"), never rejected or dropped, and runs once a worker that
 speaks it is up. Producers send FAIRSHARE["ENVELOPE_VERSION"]."""
 import pytest
-from django.db import transaction
+from django.db import connection, transaction
 from django_q.tasks import async_task
 
 from budgets.models import Role
@@ -165,8 +165,9 @@ def test_a_parked_message_is_never_claimed_to_run_in_place_only_sent_back(accoun
     execute(v2("tests.noop", account.pk, "r-1"))
     speaks(settings, NEWER)
 
-    with transaction.atomic():
-        claimed = holding.claim_oldest(account_id=account.pk, queue="default", worker="w:1", lease_s=30)
+    with transaction.atomic(), connection.cursor() as cursor:
+        cursor.execute(*holding.claim_oldest_sql(account_id=account.pk, queue="default", worker="w:1", lease_s=30))
+        claimed = cursor.fetchone()
 
     assert claimed is None
     assert DeferredTask.objects.get().claimed_by == ""
