@@ -23,11 +23,14 @@ from django.conf import settings
 from django.db import connection, transaction
 from django.utils import timezone
 
-from budgets import clock, standing
+from budgets import clock, ledger, standing
 from budgets.models import Budget, Reservation, ReservationStatus
 from budgets.standing import Standing
 from scheduling.envelope import Envelope
 from scheduling.holding import claim_oldest_sql, release_oldest
+from scheduling.registry import get_job
+from scheduling.runtime import Handoff
+from scheduling.services import task_run_new
 from scheduling.models import DeferredTask
 
 # A claimant yields to the broker (returns to django-q2) when a job sent to the broker on this
@@ -45,7 +48,7 @@ PULL_CANDIDATES = 4
 class Settled:
     """What a settlement returns (budgets.services.settle)."""
 
-    handoff: Envelope | None = None  # the held job claimed for the settling worker
+    handoff: Handoff | None = None  # the held job claimed for the settling worker
     waiting: bool = True  # held work on the queue may wait for a worker (False: a pull finds none)
 
 
@@ -59,13 +62,29 @@ def release(*, account_id: int, queue: str, state: Standing, limit: int, day: dt
     return len(released)
 
 
+@dataclass(frozen=True)
+class Admitted:
+    """A claimed job's admission, made ahead with its claim (`hand_off`): its slot, already
+    active, and the CPU reserved for it. The job starts with `services.start_admitted`."""
+
+    reservation_id: int
+    allowance_ms: int
+
+
 def hand_off(
     *, account_id: int, queue: str, state: Standing, day: dt.date, worker: str, yield_to_broker: bool = True,
-) -> Envelope | None:
+) -> Handoff | None:
     """In the settling transaction, under the account's lock: claim its oldest eligible held job
     for `worker` into the slot the settlement just freed, unless (`yield_to_broker`) a job sent to
     the broker on the queue waits for a worker: then the caller releases it to the broker instead,
-    behind what waits there."""
+    behind what waits there.
+
+    The claimed job is admitted at once, in the same transaction (its slot made active, its CPU
+    reserved, its run recorded as started), when its account's standing lets it in (not paused,
+    below its cap on running jobs, budget left); it then only starts (`services.start_admitted`).
+    The claim stays until the job starts: if `worker` dies first, the claim and the slot expire
+    together and the reclaim undoes the admission and releases the job (nothing lost, no run
+    counted). Otherwise its own admission decides when it starts, as for any claimed job."""
     # The same test as `release`: a job whose account has nothing left to reserve goes all the
     # same when none of its runs is active (its admission then holds it until the next day).
     if not state.held or state.free_slots <= 0 or (state.unreserved_ms <= 0 and state.active):
@@ -82,9 +101,20 @@ def hand_off(
             cursor.execute(*claim)
             row = cursor.fetchone()
             if row is not None:
-                standing.dispatch(envelope=Envelope(job=row[0], account=account_id, ref=row[1]), queue=queue, day=day,
-                                  lease_s=lease_s)
-    return Envelope(job=row[0], account=account_id, ref=row[1]) if row else None
+                slot = standing.dispatch(envelope=Envelope(job=row[0], account=account_id, ref=row[1]), queue=queue,
+                                         day=day, lease_s=lease_s)
+                row = (*row, slot.pk)
+    if row is None:
+        return None
+    envelope = Envelope(job=row[0], account=account_id, ref=row[1])
+    if state.paused or state.active >= state.max_concurrent or state.unreserved_ms <= 0:
+        return Handoff(envelope)
+    reserve_ms = min(max(get_job(envelope.job).cpu_estimate_ms, settings.FAIRSHARE["RESERVATION_STEP_MS"]),
+                     state.unreserved_ms)
+    run = task_run_new(job=envelope.job, queue=queue, account_id=account_id, ref=envelope.ref)
+    slot_id = ledger.take_slot(envelope=envelope, queue=queue, state=state, day=day, own=row[2], reserve_ms=reserve_ms,
+                               run=run, worker=worker, lease_s=lease_s)
+    return Handoff(envelope, run=run, admission=Admitted(slot_id, reserve_ms))
 
 
 # A job sent to the broker on the queue waits for a worker: a dispatched slot older than
@@ -122,7 +152,7 @@ def _waiting_params(queue: str) -> list:
     return [queue, ReservationStatus.DISPATCHED, connection.ops.adapt_datetimefield_value(since)]
 
 
-def pull(*, queue: str, worker: str) -> Envelope | None:
+def pull(*, queue: str, worker: str) -> Handoff | None:
     """Claim one eligible held job of `queue` for `worker` into a free slot, in fair order."""
     now = clock.now()
     with connection.cursor() as cursor:

@@ -25,6 +25,7 @@ from budgets.standing import Standing
 from scheduling.envelope import Envelope
 from scheduling.metering import Meter
 from scheduling.holding import claim_complete_sql
+from scheduling.pausing import COVERED_SQL
 from scheduling.models import DeferredTask, TaskRun
 from scheduling.services import task_run_insert_sql
 
@@ -57,11 +58,12 @@ EXISTS (SELECT 1 FROM {deferred} d WHERE d.queue = %s AND d.eligible_at <= %s
 # PostgreSQL: the account's standing after the settlement (budgets.standing.Standing, less what the
 # hand-off and release do not use), read with it: the day charged, as `c` returns it, and the
 # slots but the one deleted (every part of the statement sees the snapshot from before it).
-_AFTER_SQL = """b.cpu_seconds_per_day, b.max_concurrent, c.id, c.day, c.cpu_used_ms, c.cpu_reserved_ms,
+_AFTER_SQL = """b.cpu_seconds_per_day, b.max_concurrent, c.id, c.day, c.cpu_used_ms, c.cpu_reserved_ms, {paused},
 (SELECT COUNT(*) FROM {reservation} x WHERE x.account_id = b.account_id AND x.queue = b.queue
     AND x.status IN (%s, %s) AND x.id <> r.id),
 (SELECT COUNT(*) FROM {reservation} x WHERE x.account_id = b.account_id AND x.queue = b.queue
-    AND x.status = %s AND x.id <> r.id)""".format(reservation=Reservation._meta.db_table)
+    AND x.status = %s AND x.id <> r.id)""".format(reservation=Reservation._meta.db_table,
+                                                  paused=COVERED_SQL.format(account="b.account_id", queue="b.queue"))
 # The whole settlement's ledger in one statement (the WITH parts see one snapshot, taken after the
 # caller's lock was granted; the UPDATEs read the deleted row through `r`).
 _SETTLE_SQL = (f"WITH r AS ({_DELETE_SQL}), "
@@ -90,18 +92,20 @@ def _slot_sql(own: int | None, run_id_sql: str) -> str:
 
 def take_slot(
     *, envelope: Envelope, queue: str, state: Standing, day: dt.date, own: int | None, reserve_ms: int,
-    run: TaskRun | None, worker: str, claim: str | None = None,
+    run: TaskRun | None, worker: str, claim: str | None = None, lease_s: float | None = None,
 ) -> int:
     """Reserve the run's CPU on its day, make its slot (its own dispatched one, or a new one)
     ACTIVE, for a `run` not saved yet insert its record (setting `run.pk`), and for a job claimed
-    by worker `claim` complete the claim; returns the slot's id. Rows of four tables, independent
+    by worker `claim` complete the claim; returns the slot's id. Its lease is a running slot's, or
+    `lease_s` (a job admitted ahead, until it starts: `start_claimed`). Rows of four tables, independent
     of each other: on PostgreSQL one statement (a data-modifying WITH: its parts see one snapshot,
     all any of them needs)."""
     usage_id = standing.usage_id(state, account_id=envelope.account, queue=queue, day=day)
     ops = connection.ops
     slot = {"status": ReservationStatus.ACTIVE, "day": ops.adapt_datefield_value(day), "worker": worker,
             "cpu_reserved_ms": reserve_ms,
-            "lease_expires_at": ops.adapt_datetimefield_value(standing.run_lease_expiry())}
+            "lease_expires_at": ops.adapt_datetimefield_value(
+                standing.run_lease_expiry() if lease_s is None else timezone.now() + dt.timedelta(seconds=lease_s))}
     if own is not None:
         slot_params = [slot[c] for c in _SLOT_COLUMNS]
     else:
@@ -170,11 +174,11 @@ def charge(*, reservation_id: int, account_id: int, queue: str, meter: Meter, ca
             row = cursor.fetchone()
             if row is None:
                 return None
-            task_run_id, status, held, waiting, cpu_seconds, max_concurrent, usage_id, day, used, reserved, in_flight, \
-                running = row
+            task_run_id, status, held, waiting, cpu_seconds, max_concurrent, usage_id, day, used, reserved, paused, \
+                in_flight, running = row
             after = Standing(cpu_limit_ms=cpu_seconds * 1000, max_concurrent=max_concurrent, usage_id=usage_id,
                              cpu_used_ms=used, cpu_reserved_ms=reserved, in_flight=in_flight, active=running,
-                             held=bool(held))
+                             held=bool(held), paused=bool(paused))
             return Charged(task_run_id, status == active, held=bool(held), waiting=bool(waiting), after=after, day=day)
         else:
             cursor.execute(_DELETE_SQL, [reservation_id])
@@ -190,3 +194,45 @@ def charge(*, reservation_id: int, account_id: int, queue: str, meter: Meter, ca
             cursor.execute(f"SELECT {_FLAGS_SQL}", flag_params)
             held, waiting = cursor.fetchone()
     return Charged(task_run_id, status == active, held=bool(held), waiting=bool(waiting))
+
+
+def start_claimed(*, reservation_id: int, envelope: Envelope, worker: str) -> bool:
+    """A job admitted ahead with its claim (budgets.handoff) starts: its slot's lease becomes a
+    running slot's and its claim completes (it leaves the holding area), together: on PostgreSQL
+    one statement, which completes the claim only if the slot is still there. False when either
+    is gone (the slot reclaimed, or the job held again, which voids a claim): it must not run."""
+    claim_sql, claim_params = claim_complete_sql(job=envelope.job, ref=envelope.ref, worker=worker)
+    lease = connection.ops.adapt_datetimefield_value(standing.run_lease_expiry())
+    renew_sql = (f"UPDATE {Reservation._meta.db_table} SET lease_expires_at = %s WHERE id = %s AND status = %s"
+                 " RETURNING id")
+    renew_params = [lease, reservation_id, ReservationStatus.ACTIVE]
+    with connection.cursor() as cursor:
+        if connection.vendor == "postgresql":
+            cursor.execute(f"WITH s AS ({renew_sql}) {claim_sql} AND EXISTS (SELECT 1 FROM s) RETURNING 1",
+                           [*renew_params, *claim_params])
+            return cursor.fetchone() is not None
+        cursor.execute(renew_sql, renew_params)
+        if cursor.fetchone() is None:
+            return False
+        cursor.execute(claim_sql, claim_params)
+        return cursor.rowcount > 0
+
+
+def unadmit(*, reservation_id: int, account_id: int, queue: str, expired_before: dt.datetime | None = None,
+            ) -> int | None:
+    """Undo an admission whose run never started: its slot goes and its CPU is unreserved, nothing
+    is charged or counted; with `expired_before`, only if its lease is still expired then (a start
+    may have renewed it since it was read). Returns its run's id (None when the slot was not undone)."""
+    lease = "" if expired_before is None else " AND lease_expires_at < %s"
+    with connection.cursor() as cursor:
+        cursor.execute(f"DELETE FROM {Reservation._meta.db_table} WHERE id = %s AND status = %s{lease} "
+                       "RETURNING day, cpu_reserved_ms, task_run_id",
+                       [reservation_id, ReservationStatus.ACTIVE,
+                        *([connection.ops.adapt_datetimefield_value(expired_before)] if expired_before else [])])
+        row = cursor.fetchone()
+        if row is None:
+            return None
+        day, reserved_ms, task_run_id = row
+        cursor.execute(f"UPDATE {UsageDay._meta.db_table} SET cpu_reserved_ms = cpu_reserved_ms - %s "
+                       "WHERE account_id = %s AND queue = %s AND day = %s", [reserved_ms, account_id, queue, day])
+    return task_run_id

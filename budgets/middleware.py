@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from django.conf import settings
 from django.db import connections
 
-from budgets import services
+from budgets import handoff, services
 from budgets.limits import BudgetExhausted, RunBudget, cpu_limit
 from scheduling.models import Outcome
 from scheduling.faults import fault_point
@@ -139,10 +139,14 @@ class BudgetMiddleware:
         if not ctx.job.account_scoped:
             return self.call_next(ctx)  # its allowance stays the kernel's unlimited one
         queue = ctx.job.queue
-        admission = services.admit(
-            envelope=ctx.envelope, queue=queue, estimate_ms=ctx.job.cpu_estimate_ms,
-            run=ctx.run, worker=worker_id(), claim=ctx.claim,
-        )
+        if isinstance(ctx.admission, handoff.Admitted):  # admitted ahead, with its claim
+            admission = services.start_admitted(admitted=ctx.admission, envelope=ctx.envelope, queue=queue,
+                                                worker=ctx.claim)
+        else:
+            admission = services.admit(
+                envelope=ctx.envelope, queue=queue, estimate_ms=ctx.job.cpu_estimate_ms,
+                run=ctx.run, worker=worker_id(), claim=ctx.claim,
+            )
         if not admission.admitted:
             # No reason: a claimed job whose claim expired meanwhile; it was released elsewhere.
             ctx.outcome = Outcome.DEFERRED if admission.reason else Outcome.SKIPPED

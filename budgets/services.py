@@ -19,7 +19,9 @@ from scheduling.holding import eligible, hold
 from scheduling.metering import Meter
 from scheduling.models import DeferReason, DeferredTask, TaskRun
 from scheduling.selectors import finished_run_cpu_ms
-from scheduling.services import task_run_finished_sql, task_run_mark_lost, task_run_mark_started
+from scheduling.services import (
+    task_run_finished_sql, task_run_mark_lost, task_run_mark_not_started, task_run_mark_started,
+)
 
 
 @transaction.atomic
@@ -115,6 +117,19 @@ def admit(
         own = ledger.take_slot(envelope=envelope, queue=queue, state=state, day=day, own=own, reserve_ms=reserve_ms,
                                run=run, worker=worker, claim=claim)
     return Admission(own, allowance_ms=reserve_ms, paused=state.paused)
+
+
+def start_admitted(*, admitted: handoff.Admitted, envelope: Envelope, queue: str, worker: str) -> Admission:
+    """A handed-off job admitted ahead with its claim (`handoff.hand_off`) starts: its claim
+    completes and its slot becomes a running one (`ledger.start_claimed`). When the claim or the
+    slot was lost meanwhile (held again, or reclaimed) the admission is undone and the job does
+    not run here (reason None, as for any lost claim)."""
+    if ledger.start_claimed(reservation_id=admitted.reservation_id, envelope=envelope, worker=worker):
+        return Admission(admitted.reservation_id, allowance_ms=admitted.allowance_ms)
+    with transaction.atomic():
+        _lock(account_id=envelope.account, queue=queue)
+        ledger.unadmit(reservation_id=admitted.reservation_id, account_id=envelope.account, queue=queue)
+    return Admission(None)
 
 
 def admit_at_enqueue(*, envelope: Envelope, queue: str) -> bool:
@@ -257,6 +272,15 @@ def reclaim_expired() -> int:
                 # area to be sent again, so a lost message costs latency, never the job.
                 hold(envelope=Envelope(job=reservation.job, account=account_id, ref=reservation.ref),
                      queue=queue, reason=DeferReason.MESSAGE_LOST, eligible_at=clock.now())
+            elif _claim_held_by(reservation):
+                # Admitted ahead with its claim (handoff.hand_off), and its worker died before it
+                # started: undone, its run skipped, nothing charged or counted; the job, whose
+                # claim expired with the slot, is released below.
+                run_id = ledger.unadmit(reservation_id=pk, account_id=account_id, queue=queue,
+                                        expired_before=timezone.now())
+                if run_id is None:
+                    continue  # it started meanwhile
+                task_run_mark_not_started(run_id=run_id, reason="handed off to a worker that stopped before starting it")
             else:
                 charge = _reclaim_charge(reservation)
                 UsageDay.objects.filter(account_id=account_id, queue=queue, day=reservation.day).update(
@@ -276,6 +300,12 @@ def reclaim_expired() -> int:
         status=ReservationStatus.RECLAIMED, lease_expires_at__lt=timezone.now() - dt.timedelta(days=1),
     ).delete()
     return reclaimed
+
+
+def _claim_held_by(reservation: Reservation) -> bool:
+    """Whether the job of a running slot is still in the holding area, claimed by the slot's own
+    worker: it was admitted ahead with its claim and never started."""
+    return DeferredTask.objects.filter(job=reservation.job, ref=reservation.ref, claimed_by=reservation.worker).exists()
 
 
 def _reclaim_charge(reservation: Reservation) -> int:

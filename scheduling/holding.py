@@ -4,7 +4,7 @@ time it becomes eligible, instead of in the broker. Only this module writes it.
 Release = taking held work out of the holding area and sending it again; nothing else.
 Claim = a worker takes a held job to run it itself, straight away, without a broker round trip
 (a hand-off when its account's run settles, a pull when a worker has nothing else to do): the row
-stays, marked with the worker and a lease, until that run is admitted (`claim_complete_sql`). A claim
+stays, marked with the worker and a lease, until that run starts (`claim_complete_sql`). A claim
 whose lease expired (its worker died) is eligible again: the next release or claim takes it.
 
 A process releases only work whose envelope version it speaks (`eligible`): messages parked for
@@ -24,7 +24,7 @@ from budgets.models import Account
 from scheduling import clock
 from scheduling.envelope import MAX_REF_LENGTH, Envelope, known_version
 from scheduling.models import DeferReason, DeferredTask
-from scheduling.runtime import close_old_connections, enqueue_gates, send_message, send_on_commit
+from scheduling.runtime import Handoff, close_old_connections, enqueue_gates, send_message, send_on_commit
 
 logger = logging.getLogger("fairshare.tasks")
 
@@ -118,7 +118,7 @@ def claim_oldest_sql(
     return sql, [worker, expires, account_id, queue, known_version(), now, now, *condition_params]
 
 
-def claim_next(*, queue: str, worker: str) -> Envelope | None:
+def claim_next(*, queue: str, worker: str) -> "Handoff | None":
     """Pull: a free worker asks the enqueue gates for held work of its queue (`next_for`), claimed
     for it in the gate's fair order; None when there is none (or the database is away)."""
     try:

@@ -60,8 +60,11 @@ class RunRecordingMiddleware:
         close_old_connections()
         # An account's run is inserted by its admission, with its slot and in the same transaction
         # (services.task_run_mark_started), or, if it is not admitted, when it ends (`_finish`).
+        # (A handed-off job's run may have been recorded ahead, by the admission made with its claim.)
         start = services.task_run_new if ctx.job.account_scoped else services.task_run_start
-        ctx.run = start(job=ctx.job.name, queue=ctx.job.queue, account_id=ctx.envelope.account, ref=ctx.envelope.ref)
+        if ctx.run is None:
+            ctx.run = start(job=ctx.job.name, queue=ctx.job.queue, account_id=ctx.envelope.account,
+                            ref=ctx.envelope.ref)
         error: BaseException | None = None
         try:
             with ctx.meter.measure():

@@ -62,14 +62,27 @@ class TaskContext:
     # Work conservation (see `execute`): `claim` is the worker that claimed this job from the holding
     # area (hand-off or pull; admission completes the claim); a middleware that frees a slot may set
     # `handoff` to a held job it claimed for this worker while `accepts_handoff()` says it runs it next.
+    # `admission`: what the admitting middleware did ahead for a handed-off job (Handoff.admission).
     claim: str | None = None
-    handoff: Envelope | None = None
+    handoff: "Handoff | None" = None
+    admission: Any = None
     accepts_handoff: Callable[[], bool] = lambda: False
     may_pull: bool = True  # False: a middleware saw no held work of the queue waiting (no pull after)
     paused: bool | None = None  # False: a middleware saw no pause covering the job at the run's start
 
 
 TaskCall = Callable[[TaskContext], None]
+
+
+@dataclass(frozen=True)
+class Handoff:
+    """A held job claimed for this worker to run next, and what was done for it ahead: its run's
+    record, inserted (`run`), and the admitting middleware's `admission`, when the middleware that
+    handed it off admitted it already (budgets' settlement does, in its own transaction)."""
+
+    envelope: Envelope
+    run: TaskRun | None = None
+    admission: Any = None
 
 
 def send(*, job: str, account: int | None, ref: str) -> str:
@@ -110,7 +123,7 @@ class EnqueueGate(Protocol):
     def admit_many(self, *, envelopes: list[Envelope], queue: str) -> list[bool]:
         """`admit` for a batch (`enqueue_many`), one verdict per envelope in order. Optional."""
 
-    def next_for(self, *, queue: str, worker: str) -> Envelope | None:
+    def next_for(self, *, queue: str, worker: str) -> "Handoff | None":
         """Pull: claim one eligible held job of the queue for `worker`, which runs it at once (in
         the gate's fair order, into a free slot only); None when there is none. Optional."""
 
@@ -289,7 +302,8 @@ def execute(message: Any) -> None:
             return
         fault_point("before_handoff")
         runs_left -= 1
-        ctx = TaskContext(message=claimed.to_message(), claim=worker_id(), accepts_handoff=room)
+        ctx = TaskContext(message=claimed.envelope.to_message(), claim=worker_id(), run=claimed.run,
+                          admission=claimed.admission, accepts_handoff=room)
         _chain()(ctx)
 
 

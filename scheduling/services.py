@@ -133,6 +133,13 @@ def task_run_mark_lost(*, run_id: int, cpu_ms: int, reason: str) -> bool:
     ) == 1
 
 
+def task_run_mark_not_started(*, run_id: int, reason: str) -> bool:
+    """A run admitted ahead for a handed-off job whose worker died before it started: skipped."""
+    return TaskRun.objects.filter(pk=run_id, outcome=Outcome.RUNNING).update(
+        outcome=Outcome.SKIPPED, finished_at=Now(), error_class="WorkerLost", error_message=reason,
+    ) == 1
+
+
 def task_runs_sweep_lost() -> int:
     """Mark `lost` the runs still recorded as running whose worker has not been heard from for
     FAIRSHARE["HEALTH_HEARTBEAT_MAX_AGE_S"], where nothing else will: runs that had settled (their

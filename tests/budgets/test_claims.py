@@ -8,13 +8,13 @@ from django_q.models import OrmQ
 
 from budgets.handoff import pull
 from budgets.models import Budget, Reservation, ReservationStatus
-from budgets.services import admit, reclaim_expired, release_due, settle
+from budgets.services import admit, reclaim_expired, release_due, settle, start_admitted
 from scheduling import clock
 from scheduling.envelope import Envelope
 from scheduling.holding import hold
-from scheduling.models import DeferReason, DeferredTask
+from scheduling.models import DeferReason, DeferredTask, Outcome, TaskRun
 from scheduling.runtime import enqueue_many
-from tests.budgets.test_admission import meter
+from tests.budgets.test_admission import meter, usage
 from tests.factories import AccountFactory
 
 pytestmark = pytest.mark.django_db
@@ -22,6 +22,10 @@ pytestmark = pytest.mark.django_db
 
 def budget(account, cap: int) -> Budget:
     return Budget.objects.create(account=account, queue="default", cpu_seconds_per_day=100, max_concurrent=cap)
+
+
+def start(handed, *, worker: str):
+    return start_admitted(admitted=handed.admission, envelope=handed.envelope, queue="default", worker=worker)
 
 
 def run(account, ref: str, claim: str | None = None):
@@ -37,15 +41,55 @@ def test_settlement_hands_the_freed_slot_to_the_accounts_oldest_held_job(account
     settled = settle(reservation_id=first.reservation_id, account_id=account.pk, queue="default", meter=meter(5),
                      handoff_to="w1")
 
-    assert settled.handoff == Envelope(job="tests.noop", account=account.pk, ref="0/1")
+    handed = settled.handoff
+    assert handed.envelope == Envelope(job="tests.noop", account=account.pk, ref="0/1")
     assert OrmQ.objects.count() == 1  # the first job's message only: nothing went to the broker
     claimed = DeferredTask.objects.get(ref="0/1")
     assert claimed.claimed_by == "w1"
+    # Admitted in the settlement's transaction: its slot is running, its run recorded as started.
+    slot = Reservation.objects.get()
+    assert (slot.ref, slot.status, slot.task_run_id) == ("0/1", ReservationStatus.ACTIVE, handed.run.pk)
+    assert TaskRun.objects.get(pk=handed.run.pk).outcome == Outcome.RUNNING
+    assert usage(account).cpu_reserved_ms == handed.admission.allowance_ms
+    # When it starts it takes the job out of the holding area; the next waits.
+    assert start(handed, worker="w1").admitted
+    assert list(DeferredTask.objects.values_list("ref", "claimed_by")) == [("0/2", "")]
+
+
+def test_a_job_admitted_with_its_claim_whose_worker_died_before_starting_it_is_undone_and_released(account):
+    budget(account, cap=1)
+    enqueue_many(job="tests.noop", work=[(account.pk, f"0/{i}") for i in range(2)])
+    first = run(account, "0/0")
+    handed = settle(reservation_id=first.reservation_id, account_id=account.pk, queue="default", meter=meter(5),
+                    handoff_to="w1").handoff
+    # w1 dies before starting it: its claim and its slot expire together ...
+    DeferredTask.objects.update(claim_expires_at=clock.now() - dt.timedelta(seconds=1))
+    Reservation.objects.update(lease_expires_at=timezone.now() - dt.timedelta(seconds=1))
+
+    assert reclaim_expired() == 1
+
+    # ... the admission is undone (nothing charged, no run counted), the run is recorded as never
+    # started, and the job is released to the broker into the freed slot.
+    assert TaskRun.objects.get(pk=handed.run.pk).outcome == Outcome.SKIPPED
+    day = usage(account)
+    assert (day.runs, day.cpu_used_ms, day.cpu_reserved_ms) == (1, 5, 0)
+    assert not DeferredTask.objects.exists()
     slot = Reservation.objects.get()
     assert (slot.ref, slot.status) == ("0/1", ReservationStatus.DISPATCHED)
-    # Its run takes over the slot and takes the job out of the holding area; the next waits.
-    assert run(account, "0/1", claim="w1").admitted
-    assert list(DeferredTask.objects.values_list("ref", "claimed_by")) == [("0/2", "")]
+    assert not start(handed, worker="w1").admitted  # a late start of the dead claimant runs nothing
+
+
+def test_a_job_admitted_with_its_claim_but_held_again_before_it_starts_does_not_run(account):
+    budget(account, cap=1)
+    enqueue_many(job="tests.noop", work=[(account.pk, f"0/{i}") for i in range(2)])
+    first = run(account, "0/0")
+    handed = settle(reservation_id=first.reservation_id, account_id=account.pk, queue="default", meter=meter(5),
+                    handoff_to="w1").handoff
+    hold(envelope=handed.envelope, queue="default", reason=DeferReason.PAUSED, eligible_at=clock.now())  # voids the claim
+
+    assert not start(handed, worker="w1").admitted
+    assert not Reservation.objects.exists() and usage(account).cpu_reserved_ms == 0
+    assert DeferredTask.objects.get().reason == DeferReason.PAUSED
 
 
 def test_a_claimant_that_lost_its_claim_does_not_run_the_job(account):
@@ -99,7 +143,7 @@ def test_pull_serves_the_account_with_the_fewest_slots_in_use_first_and_only_int
     hold(envelope=Envelope(job="tests.noop", account=idle.pk, ref="0/i-0"), queue="default",
          reason=DeferReason.RETRY_BACKOFF, eligible_at=clock.now())
 
-    pulled = [pull(queue="default", worker="w2") for _ in range(3)]
+    pulled = [getattr(pull(queue="default", worker="w2"), "envelope", None) for _ in range(3)]
 
     assert pulled == [Envelope(job="tests.noop", account=idle.pk, ref="0/i-0"),  # no slot in use
                       Envelope(job="tests.noop", account=busy.pk, ref="0/b-3"),  # its oldest held

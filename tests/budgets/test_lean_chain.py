@@ -59,8 +59,9 @@ def test_an_accounts_run_costs_five_statements_in_two_transactions(account):
     assert UsageDay.objects.get().runs == 2
 
 
-def test_a_hand_off_cycle_costs_six_statements_in_two_transactions(account):
-    """Settle + claim the next held job + admit it, per run of a capped backlog, in FIFO order."""
+def test_a_hand_off_cycle_costs_five_statements_in_one_transaction(account):
+    """Settle + claim and admit the next held job (one transaction), then start it (one statement:
+    the claim completes), per run of a capped backlog, in FIFO order."""
     Budget.objects.create(account=account, queue="default", cpu_seconds_per_day=10, max_concurrent=1)
     UsageDay.objects.create(account=account, queue="default", day=clock.budget_day())  # not the day's first run
     refs = [f"lean/h{i}" for i in range(5)]
@@ -72,7 +73,7 @@ def test_a_hand_off_cycle_costs_six_statements_in_two_transactions(account):
 
     runs = list(TaskRun.objects.order_by("started_at").values_list("ref", "outcome"))
     assert runs == [(ref, Outcome.SUCCEEDED) for ref in refs]
-    # The first admission (3) and the last settlement (2: nothing held, no pull) stand alone;
-    # each hand-off between runs is a settlement that claims (3) and the claimed run's admission (3).
-    assert (len(statements(queries)), commits(queries)) == (3 + 6 * 4 + 2, 2 * 5)
+    # The first admission (3 statements) and the last settlement (2: nothing held, no pull) stand
+    # alone; each hand-off is a settlement that claims and admits the next job (4) and its start (1).
+    assert (len(statements(queries)), commits(queries)) == (3 + 5 * 4 + 2, 1 + 4 + 1), statements(queries)
     assert not Reservation.objects.exists() and not DeferredTask.objects.exists()
