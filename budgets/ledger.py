@@ -236,3 +236,47 @@ def unadmit(*, reservation_id: int, account_id: int, queue: str, expired_before:
         cursor.execute(f"UPDATE {UsageDay._meta.db_table} SET cpu_reserved_ms = cpu_reserved_ms - %s "
                        "WHERE account_id = %s AND queue = %s AND day = %s", [reserved_ms, account_id, queue, day])
     return task_run_id
+
+
+def claim_and_admit(
+    *, claim: tuple[str, list], account_id: int, queue: str, state: Standing, day: dt.date, worker: str,
+    reserve_ms: int, lease_s: float,
+) -> tuple[str, str, int, TaskRun] | None:
+    """PostgreSQL: run `claim` (scheduling.holding.claim_oldest_sql, returning a held job's job and
+    ref) and admit the job it claimed, in one statement: its slot inserted active with `reserve_ms`
+    reserved on the day, leased for `lease_s` (until it starts: `start_claimed`), its run recorded.
+    Returns (job, ref, slot id, run), or None when nothing was claimed."""
+    ops = connection.ops
+    now = timezone.now()
+    usage_id = standing.usage_id(state, account_id=account_id, queue=queue, day=day)
+    run = TaskRun(account_id=account_id, queue=queue, worker=worker)
+    run_sql, run_params = task_run_insert_sql(run, source="c", taken={"job": "c.job", "ref": "c.ref"})
+    claim_sql, claim_params = claim
+    slot_columns = ("account_id", "queue", "day", "job", "ref", "status", "lease_expires_at", "created_at", "worker",
+                    "cpu_reserved_ms", "cpu_reported_ms", "cpu_charged_ms", "task_run_id")
+    sql = (f"WITH c AS ({claim_sql}), t AS ({run_sql}), "
+           f"u AS ({_RESERVE_SQL} AND EXISTS (SELECT 1 FROM c) RETURNING 1) "
+           f"INSERT INTO {Reservation._meta.db_table} ({', '.join(slot_columns)}) "
+           "SELECT %s, %s, %s, c.job, c.ref, %s, %s, %s, %s, %s, 0, 0, (SELECT id FROM t) FROM c "
+           "RETURNING job, ref, id, task_run_id")
+    with connection.cursor() as cursor:
+        cursor.execute(sql, [
+            *claim_params, *run_params, reserve_ms, usage_id,
+            account_id, queue, ops.adapt_datefield_value(day), ReservationStatus.ACTIVE,
+            ops.adapt_datetimefield_value(now + dt.timedelta(seconds=lease_s)), ops.adapt_datetimefield_value(now),
+            worker, reserve_ms,
+        ])
+        row = cursor.fetchone()
+    if row is None:
+        return None
+    job, ref, slot_id, run.pk = row
+    run.job, run.ref = job, ref
+    return job, ref, slot_id, run
+
+
+def reserve_more(*, reservation_id: int, usage_id: int, ms: int) -> int:
+    """Reserve `ms` more for an admitted slot, on its day (the caller checked what is left)."""
+    with connection.cursor() as cursor:
+        cursor.execute(f"WITH u AS ({_RESERVE_SQL} RETURNING 1) UPDATE {Reservation._meta.db_table} "
+                       "SET cpu_reserved_ms = cpu_reserved_ms + %s WHERE id = %s", [ms, usage_id, ms, reservation_id])
+    return ms

@@ -99,15 +99,18 @@ def task_run_mark_started(*, run: TaskRun) -> int:
 # A run's start and end as SQL, for a caller that sends them with its own writes in one statement
 # (the budget ledger's admission and settlement, budgets.ledger: a round trip less for each).
 
-def task_run_insert_sql(run: TaskRun) -> tuple[str, list]:
+def task_run_insert_sql(run: TaskRun, *, source: str = "", taken: dict[str, str] | None = None) -> tuple[str, list]:
     """`task_run_mark_started` for a run not saved yet: an INSERT returning its id (the caller sets
-    `run.pk` from it)."""
+    `run.pk` from it). With `source`, an `INSERT … SELECT … FROM source` whose fields named in
+    `taken` are SQL expressions over it (e.g. the job and ref a claim returned)."""
     run.started_at = timezone.now()
+    taken = taken or {}
     fields = [f for f in TaskRun._meta.concrete_fields if not f.primary_key]
-    params = [f.get_db_prep_save(f.pre_save(run, True), connection) for f in fields]
+    values = [taken.get(f.name, "%s") for f in fields]
+    params = [f.get_db_prep_save(f.pre_save(run, True), connection) for f in fields if f.name not in taken]
     columns = ", ".join(connection.ops.quote_name(f.column) for f in fields)
-    return (f"INSERT INTO {TaskRun._meta.db_table} ({columns}) VALUES ({', '.join(['%s'] * len(fields))}) "
-            f"RETURNING {TaskRun._meta.pk.column}"), params
+    rows = f"SELECT {', '.join(values)} FROM {source}" if source else f"VALUES ({', '.join(values)})"
+    return f"INSERT INTO {TaskRun._meta.db_table} ({columns}) {rows} RETURNING {TaskRun._meta.pk.column}", params
 
 
 def task_run_finished_sql(*, run_id_sql: str, meter: Meter, outcome: str | None = None, items: int = 0,

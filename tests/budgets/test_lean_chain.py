@@ -59,7 +59,7 @@ def test_an_accounts_run_costs_five_statements_in_two_transactions(account):
     assert UsageDay.objects.get().runs == 2
 
 
-def test_a_hand_off_cycle_costs_five_statements_in_one_transaction(account):
+def test_a_hand_off_cycle_costs_four_statements_in_one_transaction(account):
     """Settle + claim and admit the next held job (one transaction), then start it (one statement:
     the claim completes), per run of a capped backlog, in FIFO order."""
     Budget.objects.create(account=account, queue="default", cpu_seconds_per_day=10, max_concurrent=1)
@@ -74,6 +74,7 @@ def test_a_hand_off_cycle_costs_five_statements_in_one_transaction(account):
     runs = list(TaskRun.objects.order_by("started_at").values_list("ref", "outcome"))
     assert runs == [(ref, Outcome.SUCCEEDED) for ref in refs]
     # The first admission (3 statements) and the last settlement (2: nothing held, no pull) stand
-    # alone; each hand-off is a settlement that claims and admits the next job (4) and its start (1).
-    assert (len(statements(queries)), commits(queries)) == (3 + 5 * 4 + 2, 1 + 4 + 1), statements(queries)
+    # alone; each hand-off is a settlement that claims and admits the next job (lock, charge, claim
+    # and admission in one statement) and its start (1).
+    assert (len(statements(queries)), commits(queries)) == (3 + 4 * 4 + 2, 1 + 4 + 1), statements(queries)
     assert not Reservation.objects.exists() and not DeferredTask.objects.exists()
