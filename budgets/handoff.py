@@ -93,20 +93,20 @@ def hand_off(
     unless = (f"EXISTS ({_WAITING_IN_BROKER})", _waiting_params(queue)) if yield_to_broker else ("", [])
     claim = claim_oldest_sql(account_id=account_id, queue=queue, worker=worker, lease_s=lease_s, unless=unless)
     admissible = not state.paused and state.active < state.max_concurrent and state.unreserved_ms > 0
-    step = settings.FAIRSHARE["RESERVATION_STEP_MS"]
     if admissible and connection.vendor == "postgresql":  # claim and admit in one statement
+        # It reserves a step (what the claim statement can know); a job that estimates more
+        # reserves the rest once the claim says which job it is.
+        step_ms = standing.first_reservation_ms(state, 0)
         claimed = ledger.claim_and_admit(claim=claim, account_id=account_id, queue=queue, state=state, day=day,
-                                         worker=worker, reserve_ms=min(step, state.unreserved_ms), lease_s=lease_s)
+                                         worker=worker, reserve_ms=step_ms, lease_s=lease_s)
         if claimed is None:
             return None
         job, ref, slot_id, run = claimed
-        envelope = Envelope(job=job, account=account_id, ref=ref)
-        reserved = min(step, state.unreserved_ms)
-        wanted = min(max(get_job(job).cpu_estimate_ms, step), state.unreserved_ms)
-        if wanted > reserved:  # a job that estimates more than a step reserves its estimate
-            reserved += ledger.reserve_more(reservation_id=slot_id, usage_id=standing.usage_id(state, account_id=account_id, queue=queue, day=day),
-                                            ms=wanted - reserved)
-        return Handoff(envelope, run=run, admission=Admitted(slot_id, reserved))
+        reserved = standing.first_reservation_ms(state, get_job(job).cpu_estimate_ms)
+        if reserved > step_ms:
+            ledger.reserve_more(reservation_id=slot_id, ms=reserved - step_ms,
+                                usage_id=standing.usage_id(state, account_id=account_id, queue=queue, day=day))
+        return Handoff(Envelope(job=job, account=account_id, ref=ref), run=run, admission=Admitted(slot_id, reserved))
     with connection.cursor() as cursor:
         if connection.vendor == "postgresql":  # the claim and its slot in one statement
             cursor.execute(*standing.dispatch_claimed_sql(claim=claim, account_id=account_id, queue=queue, day=day,
@@ -124,7 +124,7 @@ def hand_off(
     envelope = Envelope(job=row[0], account=account_id, ref=row[1])
     if not admissible:
         return Handoff(envelope)
-    reserve_ms = min(max(get_job(envelope.job).cpu_estimate_ms, step), state.unreserved_ms)
+    reserve_ms = standing.first_reservation_ms(state, get_job(envelope.job).cpu_estimate_ms)
     run = task_run_new(job=envelope.job, queue=queue, account_id=account_id, ref=envelope.ref)
     slot_id = ledger.take_slot(envelope=envelope, queue=queue, state=state, day=day, own=row[2], reserve_ms=reserve_ms,
                                run=run, worker=worker, lease_s=lease_s)

@@ -274,9 +274,8 @@ def claim_and_admit(
     return job, ref, slot_id, run
 
 
-def reserve_more(*, reservation_id: int, usage_id: int, ms: int) -> int:
-    """Reserve `ms` more for an admitted slot, on its day (the caller checked what is left)."""
+def reserve_more(*, reservation_id: int, usage_id: int, ms: int) -> None:
+    """PostgreSQL: reserve `ms` more for an admitted slot, on its day (the caller checked what is left)."""
     with connection.cursor() as cursor:
         cursor.execute(f"WITH u AS ({_RESERVE_SQL} RETURNING 1) UPDATE {Reservation._meta.db_table} "
                        "SET cpu_reserved_ms = cpu_reserved_ms + %s WHERE id = %s", [ms, usage_id, ms, reservation_id])
-    return ms

@@ -107,7 +107,7 @@ def admit(
             reason, eligible_at = standing.out_of_budget(state, now)
             _hold(envelope=envelope, queue=queue, state=state, day=day, reason=reason, eligible_at=eligible_at)
             return Admission(None, reason, eligible_at)
-        reserve_ms = min(max(estimate_ms, settings.FAIRSHARE["RESERVATION_STEP_MS"]), state.unreserved_ms)
+        reserve_ms = standing.first_reservation_ms(state, estimate_ms)
         # An admitted run is recorded from the moment it holds its slot (taken under the budget
         # lock, so after the settlement that freed the slot committed): the recorded runs of an
         # account never overlap more than its concurrency cap allows.

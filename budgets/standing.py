@@ -122,6 +122,12 @@ def usage_id(state: Standing, *, account_id: int, queue: str, day: dt.date) -> i
     return usage.pk
 
 
+def first_reservation_ms(state: Standing, estimate_ms: int) -> int:
+    """What an admitted run reserves at first: a step, or its job's estimate when larger, at most
+    what its account has left unreserved."""
+    return min(max(estimate_ms, settings.FAIRSHARE["RESERVATION_STEP_MS"]), state.unreserved_ms)
+
+
 def out_of_budget(state: Standing, now: dt.datetime) -> tuple[str, dt.datetime]:
     """Why an account with nothing left to reserve waits, and until when."""
     if state.active and state.unreserved_ms + state.cpu_reserved_ms > 0:
