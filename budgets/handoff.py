@@ -26,6 +26,7 @@ from django.utils import timezone
 from budgets import clock, ledger, standing
 from budgets.models import Budget, Reservation, ReservationStatus
 from budgets.standing import Standing
+from scheduling import db
 from scheduling.envelope import Envelope
 from scheduling.holding import claim_oldest_sql, release_oldest
 from scheduling.registry import get_job
@@ -107,7 +108,7 @@ def hand_off(
             ledger.reserve_more(reservation_id=slot_id, ms=reserved - step_ms,
                                 usage_id=standing.usage_id(state, account_id=account_id, queue=queue, day=day))
         return Handoff(Envelope(job=job, account=account_id, ref=ref), run=run, admission=Admitted(slot_id, reserved))
-    with connection.cursor() as cursor:
+    with db.cursor() as cursor:
         if connection.vendor == "postgresql":  # the claim and its slot in one statement
             cursor.execute(*standing.dispatch_claimed_sql(claim=claim, account_id=account_id, queue=queue, day=day,
                                                           lease_s=lease_s))
@@ -169,7 +170,7 @@ def _waiting_params(queue: str) -> list:
 def pull(*, queue: str, worker: str) -> Handoff | None:
     """Claim one eligible held job of `queue` for `worker` into a free slot, in fair order."""
     now = clock.now()
-    with connection.cursor() as cursor:
+    with db.cursor() as cursor:
         cursor.execute(_FAIR_ORDER_SQL, [queue, *standing.IN_FLIGHT, queue, now, now, *_waiting_params(queue),
                                          PULL_CANDIDATES])
         candidates = [row[0] for row in cursor.fetchall()]

@@ -22,6 +22,7 @@ from django.utils import timezone
 from budgets import standing
 from budgets.models import Budget, Reservation, ReservationStatus, UsageDay
 from budgets.standing import Standing
+from scheduling import db
 from scheduling.envelope import Envelope
 from scheduling.metering import Meter
 from scheduling.holding import claim_complete_sql
@@ -117,7 +118,7 @@ def take_slot(
     own_params = [own] if own is not None else []
     claim_sql, claim_params = (claim_complete_sql(job=envelope.job, ref=envelope.ref, worker=claim)
                                if claim is not None else ("", []))
-    with connection.cursor() as cursor:
+    with db.cursor() as cursor:
         if connection.vendor == "postgresql":
             parts = ([f"u AS ({_RESERVE_SQL} RETURNING 1)"] + ([f"t AS ({run_sql})"] if insert_run else [])
                      + ([f"k AS ({claim_sql} RETURNING 1)"] if claim_sql else []))
@@ -164,7 +165,7 @@ def charge(*, reservation_id: int, account_id: int, queue: str, meter: Meter, ca
     set_params = [cpu, cpu, active, active, meter.wall_ms, round(meter.db_wait_ms), round(meter.storage_wait_ms),
                   1 if cap_hit else 0]
     where_params, flag_params = [account_id, queue], [account_id, queue, queue, now, now]
-    with connection.cursor() as cursor:
+    with db.cursor() as cursor:
         if connection.vendor == "postgresql":
             run_sql, run_params = finished(_RUN_OF_R)
             cursor.execute(_SETTLE_SQL.format(run=run_sql), [
@@ -206,7 +207,7 @@ def start_claimed(*, reservation_id: int, envelope: Envelope, worker: str) -> bo
     renew_sql = (f"UPDATE {Reservation._meta.db_table} SET lease_expires_at = %s WHERE id = %s AND status = %s"
                  " RETURNING id")
     renew_params = [lease, reservation_id, ReservationStatus.ACTIVE]
-    with connection.cursor() as cursor:
+    with db.cursor() as cursor:
         if connection.vendor == "postgresql":
             cursor.execute(f"WITH s AS ({renew_sql}) {claim_sql} AND EXISTS (SELECT 1 FROM s) RETURNING 1",
                            [*renew_params, *claim_params])
@@ -224,7 +225,7 @@ def unadmit(*, reservation_id: int, account_id: int, queue: str, expired_before:
     is charged or counted; with `expired_before`, only if its lease is still expired then (a start
     may have renewed it since it was read). Returns its run's id (None when the slot was not undone)."""
     lease = "" if expired_before is None else " AND lease_expires_at < %s"
-    with connection.cursor() as cursor:
+    with db.cursor() as cursor:
         cursor.execute(f"DELETE FROM {Reservation._meta.db_table} WHERE id = %s AND status = %s{lease} "
                        "RETURNING day, cpu_reserved_ms, task_run_id",
                        [reservation_id, ReservationStatus.ACTIVE,
@@ -259,7 +260,7 @@ def claim_and_admit(
            f"INSERT INTO {Reservation._meta.db_table} ({', '.join(slot_columns)}) "
            "SELECT %s, %s, %s, c.job, c.ref, %s, %s, %s, %s, %s, 0, 0, (SELECT id FROM t) FROM c "
            "RETURNING job, ref, id, task_run_id")
-    with connection.cursor() as cursor:
+    with db.cursor() as cursor:
         cursor.execute(sql, [
             *claim_params, *run_params, reserve_ms, usage_id,
             account_id, queue, ops.adapt_datefield_value(day), ReservationStatus.ACTIVE,
@@ -276,6 +277,6 @@ def claim_and_admit(
 
 def reserve_more(*, reservation_id: int, usage_id: int, ms: int) -> None:
     """PostgreSQL: reserve `ms` more for an admitted slot, on its day (the caller checked what is left)."""
-    with connection.cursor() as cursor:
+    with db.cursor() as cursor:
         cursor.execute(f"WITH u AS ({_RESERVE_SQL} RETURNING 1) UPDATE {Reservation._meta.db_table} "
                        "SET cpu_reserved_ms = cpu_reserved_ms + %s WHERE id = %s", [ms, usage_id, ms, reservation_id])

@@ -21,6 +21,7 @@ from django.utils import timezone
 
 from budgets import clock
 from budgets.models import Budget, Reservation, ReservationStatus, UsageDay
+from scheduling import db
 from scheduling.envelope import Envelope
 from scheduling.models import DeferReason, DeferredTask
 from scheduling.holding import CLAIM_HELD_SQL
@@ -85,7 +86,7 @@ def read(
     everything committed before the lock was granted (READ COMMITTED: a new snapshot per statement).
     """
     job, ref = (envelope.job, envelope.ref) if envelope is not None else ("", "")
-    with connection.cursor() as cursor:
+    with db.cursor() as cursor:
         cursor.execute(_STATE_SQL, [
             ReservationStatus.DISPATCHED, ReservationStatus.ACTIVE, ReservationStatus.ACTIVE,
             ReservationStatus.DISPATCHED, job, ref, job, ref, claim, day.isoformat(), account_id, queue,
@@ -110,7 +111,7 @@ def lock(*, account_id: int, queue: str, skip_locked: bool = False) -> bool:
     sql = _LOCK_SQL
     if connection.features.has_select_for_update:
         sql += " FOR UPDATE SKIP LOCKED" if skip_locked else " FOR UPDATE"
-    with connection.cursor() as cursor:
+    with db.cursor() as cursor:
         cursor.execute(sql, [account_id, queue])
         return cursor.fetchone() is not None
 
@@ -174,7 +175,7 @@ def dispatch_if_free(*, envelope: Envelope, queue: str, day: dt.date) -> bool:
     ops = connection.ops
     now = timezone.now()
     dispatched = ReservationStatus.DISPATCHED
-    with connection.cursor() as cursor:
+    with db.cursor() as cursor:
         cursor.execute(_DISPATCH_IF_FREE_SQL, [
             ops.adapt_datefield_value(day), envelope.job, envelope.ref, dispatched,
             ops.adapt_datetimefield_value(now + dt.timedelta(seconds=settings.FAIRSHARE["DISPATCH_LEASE_S"])),

@@ -84,6 +84,10 @@ SETTINGS = (
     Setting("RELEASE_POLL_S", "FAIRSHARE_RELEASE_POLL", 1.0, parse=float, unit="s",
             doc="how often each worker's pulse releases due held work (a 2-second back-off need not wait "
                 "for django-q2's 30-second scheduler) and may write its heartbeat; 0 turns the pulse off"),
+    Setting("PREPARED_STATEMENTS", "FAIRSHARE_PREPARED_STATEMENTS", True, parse=flag,
+            doc="prepare the admission, settlement, hand-off and enqueue statements once per database connection "
+                "(PostgreSQL); turn off behind a pooler that cannot keep prepared statements (PgBouncer before 1.21 "
+                "in transaction mode)"),
     Setting("HANDOFF_WINDOW_S", "FAIRSHARE_HANDOFF_WINDOW_S", 10.0, parse=float, unit="s",
             doc="after a run, a worker goes on with held work it claims itself (the same account's next "
                 "job, else another account's in fair order) without a broker round trip, starting no new "

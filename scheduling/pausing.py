@@ -11,7 +11,7 @@ import datetime as dt
 from django.db import IntegrityError, connection, transaction
 from django.db.models import Q
 
-from scheduling import holding
+from scheduling import db, holding
 from scheduling.envelope import Envelope
 from scheduling.models import DeferReason, DeferredTask, Outcome, Pause
 from scheduling.operator import ItemResult, log_action, refusal
@@ -32,7 +32,7 @@ COVERED_SQL = (f"EXISTS (SELECT 1 FROM {Pause._meta.db_table} p WHERE (p.account
 
 def _covered(*, account_id: int, queue: str) -> bool:
     # Hand-written: it runs for every job enqueued, and the ORM cost more than the query.
-    with connection.cursor() as cursor:
+    with db.cursor() as cursor:
         cursor.execute("SELECT " + COVERED_SQL.format(account="%s", queue="%s"), [account_id, queue, queue])
         return bool(cursor.fetchone()[0])
 

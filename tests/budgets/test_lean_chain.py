@@ -78,3 +78,36 @@ def test_a_hand_off_cycle_costs_four_statements_in_one_transaction(account):
     # and admission in one statement) and its start (1).
     assert (len(statements(queries)), commits(queries)) == (3 + 4 * 4 + 2, 1 + 4 + 1), statements(queries)
     assert not Reservation.objects.exists() and not DeferredTask.objects.exists()
+
+
+def prepared_statements() -> list[str]:
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT statement FROM pg_prepared_statements")
+        return [row[0] for row in cursor.fetchall()]
+
+
+@pytest.mark.parametrize("prepared", [True, False])
+def test_the_chain_prepares_its_own_statements_once_per_connection_and_only_them(account, settings, prepared):
+    """scheduling.db: the admission and settlement statements are prepared on the worker's
+    connection (FAIRSHARE["PREPARED_STATEMENTS"]), Django's own queries never; the query log
+    still shows each statement with its values."""
+    if connection.vendor != "postgresql":
+        pytest.skip("prepared statements are PostgreSQL's")
+    settings.FAIRSHARE = {**settings.FAIRSHARE, "PREPARED_STATEMENTS": prepared}
+    connection.close()  # a new session: nothing prepared yet
+    Budget.objects.create(account=account, queue="default", cpu_seconds_per_day=10, max_concurrent=4)
+    for i in range(3):
+        with CaptureQueriesContext(connection) as queries:
+            execute(Envelope(job="tests.noop", account=account.pk, ref=f"prep/{i}").to_message())
+        assert f"'prep/{i}'" in " ".join(statements(queries))  # logged with its values
+
+    found = prepared_statements()
+    settlement = [s for s in found if "DELETE FROM budgets_reservation" in s]
+    if prepared:
+        # Prepared once, then reused by the next runs (the same text three times over).
+        assert len(settlement) == 1 and "$1" in settlement[0], found
+        assert any("FOR UPDATE" in s for s in found) and any("INSERT INTO scheduling_taskrun" in s for s in found)
+        assert not any("django_q" in s or '"budgets_account"' in s for s in found), found
+    else:
+        assert found == []
+    assert TaskRun.objects.filter(outcome=Outcome.SUCCEEDED).count() == 3
