@@ -57,6 +57,7 @@ def cursor() -> CursorWrapper:
     and error wrapping included), preparing its statements where that is possible."""
     if psycopg is None or connection.vendor != "postgresql" or not settings.FAIRSHARE["PREPARED_STATEMENTS"]:
         return connection.cursor()
+    connection.validate_thread_sharing()
     connection.close_if_health_check_failed()
     connection.ensure_connection()
     raw = _PreparedCursor(connection.connection)

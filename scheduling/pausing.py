@@ -8,7 +8,7 @@ released by an operator). Only account work pauses: system jobs (maintenance) al
 """
 import datetime as dt
 
-from django.db import IntegrityError, connection, transaction
+from django.db import IntegrityError, transaction
 from django.db.models import Q
 
 from scheduling import db, holding
