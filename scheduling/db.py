@@ -11,7 +11,7 @@ cannot keep prepared statements across transactions (PgBouncer before 1.21 in tr
 Elsewhere (SQLite) it is Django's cursor.
 """
 from django.conf import settings
-from django.db import connection
+from django.db import DEFAULT_DB_ALIAS, connections
 from django.db.backends.utils import CursorWrapper
 
 try:
@@ -55,6 +55,7 @@ if psycopg is not None:
 def cursor() -> CursorWrapper:
     """Django's cursor for this thread's default connection (its execute wrappers, query logging
     and error wrapping included), preparing its statements where that is possible."""
+    connection = connections[DEFAULT_DB_ALIAS]  # once: each attribute of django.db.connection is a lookup
     if psycopg is None or connection.vendor != "postgresql" or not settings.FAIRSHARE["PREPARED_STATEMENTS"]:
         return connection.cursor()
     connection.validate_thread_sharing()
