@@ -10,7 +10,8 @@ not yet complete), ``before_notify`` (record complete, requester not yet notifie
 ``after_complete`` (record complete and requester notified, task not yet acknowledged to the
 broker). In the budget middleware, around every account's run: ``after_settle`` (charged and its
 slot freed, the run's outcome not yet recorded). In the runtime: ``before_handoff`` (a held job
-claimed for this worker, by a hand-off or a pull, with its slot taken; not yet admitted).
+claimed for this worker, by a hand-off or a pull, with its slot taken; not yet admitted), and
+``before_send`` (in the producer: the enqueue gates admitted the job, its message is not sent yet).
 """
 import os
 import signal
@@ -18,7 +19,7 @@ import signal
 from scheduling.testing import FAULT, FAULT_MARKER
 
 POINTS = frozenset({"before_claim", "after_claim", "mid_stream", "after_publish", "before_notify", "after_complete",
-                    "after_settle", "before_handoff"})
+                    "after_settle", "before_handoff", "before_send"})
 
 
 def fault_point(name: str) -> None:

@@ -4,6 +4,7 @@ Every job travels as an envelope to `scheduling.runtime.execute`, which runs the
 chain (settings.FAIRSHARE["TASK_MIDDLEWARE"], outermost first) around the job's handler.
 Account work passes the enqueue gates (settings.FAIRSHARE["ENQUEUE_GATES"]) before it is sent.
 """
+import contextlib
 import functools
 import math
 import time
@@ -12,7 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol, TypeVar
 
 from django.conf import settings
-from django.db import InterfaceError, OperationalError, connections, transaction
+from django.db import DEFAULT_DB_ALIAS, InterfaceError, OperationalError, connections, transaction
 from django.utils.module_loading import import_string
 from django_q.tasks import async_task
 
@@ -139,25 +140,24 @@ def _load_gates(paths: tuple[str, ...]) -> tuple[EnqueueGate, ...]:
 
 def enqueue(*, job: str, account: int | None, ref: str) -> str | None:
     """Submit work: account work a gate holds back goes to the holding area instead of the broker
-    (returns None); everything else is sent (returns the django-q2 task id)."""
+    (returns None); everything else is sent (returns the django-q2 task id). With the ORM broker,
+    what the gates wrote and the message commit together (`_commits_with_the_broker`)."""
     spec = get_job(job)
     if not spec.account_scoped:
         return send(job=job, account=account, ref=ref)
     envelope = Envelope(job=spec.name, account=account, ref=str(ref))
     admitted: list[EnqueueGate] = []
-    for gate in enqueue_gates():
-        try:
-            ok = gate.admit(envelope=envelope, queue=spec.queue)
-        except BaseException:
-            _undo(admitted, envelope=envelope, queue=spec.queue)
-            raise
-        if not ok:  # held by that gate; the gates before it give back what they took
-            _undo(admitted, envelope=envelope, queue=spec.queue)
-            return None
-        admitted.append(gate)
     try:
-        return send(job=job, account=account, ref=ref)
-    except BaseException:  # the broker refused it: nothing is on its way, so nothing holds a slot
+        with transaction.atomic() if _commits_with_the_broker() else contextlib.nullcontext():
+            for gate in enqueue_gates():
+                if not gate.admit(envelope=envelope, queue=spec.queue):
+                    # Held by that gate; the gates before it give back what they took.
+                    _undo(admitted, envelope=envelope, queue=spec.queue)
+                    return None
+                admitted.append(gate)
+            fault_point("before_send")
+            return send(job=job, account=account, ref=ref)
+    except BaseException:  # a gate failed or the broker refused it: nothing is on its way
         _undo(admitted, envelope=envelope, queue=spec.queue)
         raise
 
@@ -168,38 +168,51 @@ def enqueue_many(*, job: str, work: Iterable[tuple[int | None, str]]) -> list[st
     Gates that offer `admit_many` decide the batch in a few statements (the budget gate: one
     transaction per account that sends what fits its free slots and holds the rest with one
     insert); the others see each job. Returns, per pair in order, the django-q2 task id, or None
-    for a job held back. Meant for new work: a job already dispatched should be sent with `enqueue`.
+    for a job held back. With the ORM broker the whole batch commits at once
+    (`_commits_with_the_broker`): a failure sends and holds none of it. Meant for new work: a job
+    already dispatched should be sent with `enqueue`.
     """
     spec = get_job(job)
     envelopes = [Envelope(job=spec.name, account=account, ref=str(ref)) for account, ref in work]
     verdicts = [True] * len(envelopes)
     admitted: list[EnqueueGate] = []
-    for gate in enqueue_gates() if spec.account_scoped else ():
-        pending = [i for i, ok in enumerate(verdicts) if ok]
-        batch = [envelopes[i] for i in pending]
-        admit_many = getattr(gate, "admit_many", None)
-        try:
-            oks = (admit_many(envelopes=batch, queue=spec.queue) if admit_many is not None
-                   else [gate.admit(envelope=e, queue=spec.queue) for e in batch])
-        except BaseException:
-            for i in pending:
-                _undo(admitted, envelope=envelopes[i], queue=spec.queue)
-            raise
-        for i, ok in zip(pending, oks):
-            if not ok:  # held by that gate; the gates before it give back what they took
-                verdicts[i] = False
-                _undo(admitted, envelope=envelopes[i], queue=spec.queue)
-        admitted.append(gate)
     sent: list[str | None] = []
-    for i, (envelope, ok) in enumerate(zip(envelopes, verdicts)):
-        try:
-            sent.append(send(job=job, account=envelope.account, ref=envelope.ref) if ok else None)
-        except BaseException:  # the broker refused: what was not sent gives its slots back
-            for rest, still in zip(envelopes[i:], verdicts[i:]):
-                if still:
-                    _undo(admitted, envelope=rest, queue=spec.queue)
-            raise
+    together = _commits_with_the_broker()
+    try:
+        with transaction.atomic() if together else contextlib.nullcontext():
+            for gate in enqueue_gates() if spec.account_scoped else ():
+                pending = [i for i, ok in enumerate(verdicts) if ok]
+                batch = [envelopes[i] for i in pending]
+                admit_many = getattr(gate, "admit_many", None)
+                oks = (admit_many(envelopes=batch, queue=spec.queue) if admit_many is not None
+                       else [gate.admit(envelope=e, queue=spec.queue) for e in batch])
+                for i, ok in zip(pending, oks):
+                    if not ok:  # held by that gate; the gates before it give back what they took
+                        verdicts[i] = False
+                        _undo(admitted, envelope=envelopes[i], queue=spec.queue)
+                admitted.append(gate)
+            for envelope, ok in zip(envelopes, verdicts):
+                sent.append(send(job=job, account=envelope.account, ref=envelope.ref) if ok else None)
+    except BaseException:
+        # What is not on its way gives its slots back: with the broker in the same transaction,
+        # nothing is (its rollback took the messages too); else what was not sent yet.
+        for i in range(0 if together else len(sent), len(envelopes)):
+            if verdicts[i]:
+                _undo(admitted, envelope=envelopes[i], queue=spec.queue)
+        raise
     return sent
+
+
+def _commits_with_the_broker() -> bool:
+    """Whether an enqueue's gate writes (its dispatched slot) and its message can be one
+    transaction: django-q2's ORM broker keeps its messages on this thread's default connection, and
+    no transaction is open on it (in a caller's they already commit with it; a Redis message
+    cannot join one). Then an enqueue commits once instead of twice, and a job never holds a slot
+    without its message (a producer that died in between left the slot taken until its dispatch
+    lease ran out)."""
+    from django_q.conf import Conf
+
+    return Conf.ORM == DEFAULT_DB_ALIAS and not transaction.get_connection().in_atomic_block
 
 
 def _undo(gates: list[EnqueueGate], *, envelope: Envelope, queue: str) -> None:

@@ -1,6 +1,9 @@
 """FAIRSHARE["ENQUEUE_GATES"]: the kernel asks each listed gate before it sends account work, gives
 back what they took when the broker refuses the message, and releases held work through them."""
 import datetime as dt
+import signal
+import subprocess
+import sys
 
 import pytest
 from django_q.models import OrmQ
@@ -11,6 +14,7 @@ from scheduling import clock, runtime
 from scheduling.envelope import Envelope
 from scheduling.holding import hold, release_due
 from scheduling.models import DeferReason, DeferredTask
+from tests.conftest import REPO, worker_env
 from scheduling.runtime import enqueue, enqueue_many
 
 pytestmark = pytest.mark.django_db
@@ -118,3 +122,43 @@ def test_enqueue_many_sends_what_fits_each_accounts_slots_and_holds_the_rest_in_
     # Behind its held work, the next flood waits too, whatever slots free up meanwhile.
     Reservation.objects.filter(account=account).delete()
     assert enqueue_many(job="tests.noop", work=[(account.pk, "0/a-10")]) == [None]
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_producer_killed_between_the_gates_and_the_broker_leaves_no_slot_taken(account, export_root):
+    """With the ORM broker the dispatched slot and the message commit together: a producer that
+    dies after the budget gate admitted its job and before the message was sent (fault point
+    `before_send`, a real SIGKILL) leaves neither, so the account's one slot is free at once
+    (it used to stay taken, by a job nobody would run, until its dispatch lease ran out)."""
+    Budget.objects.create(account=account, queue="default", cpu_seconds_per_day=10, max_concurrent=1)
+    script = f"from scheduling.runtime import enqueue; enqueue(job='tests.noop', account={account.pk}, ref='killed')"
+
+    done = subprocess.run([sys.executable, "manage.py", "shell", "-c", script], cwd=REPO, timeout=60,
+                          env=worker_env(export_root, FAIRSHARE_FAULT="before_send"),
+                          capture_output=True, text=True)
+
+    assert done.returncode == -signal.SIGKILL, done.stderr
+    assert not Reservation.objects.exists() and not OrmQ.objects.exists()
+    assert enqueue(job="tests.noop", account=account.pk, ref="next") is not None  # the slot is free
+    assert Reservation.objects.get().status == ReservationStatus.DISPATCHED
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_batch_the_broker_refuses_halfway_sends_and_holds_none_of_it(account, monkeypatch):
+    """enqueue_many with the ORM broker: one transaction for the whole batch."""
+    Budget.objects.create(account=account, queue="default", cpu_seconds_per_day=10, max_concurrent=2)
+    real_send, sends = runtime.async_task, []
+
+    def second_refused(*args, **kwargs):
+        sends.append(1)
+        if len(sends) == 2:
+            raise ConnectionError("broker unreachable")
+        return real_send(*args, **kwargs)
+
+    monkeypatch.setattr(runtime, "async_task", second_refused)
+    with pytest.raises(ConnectionError):
+        enqueue_many(job="tests.noop", work=[(account.pk, f"b{i}") for i in range(4)])
+
+    assert len(sends) == 2  # the first was sent, then rolled back with the rest
+    assert not OrmQ.objects.exists() and not Reservation.objects.exists() and not DeferredTask.objects.exists()
+    assert enqueue_many(job="tests.noop", work=[(account.pk, f"c{i}") for i in range(4)]).count(None) == 2
