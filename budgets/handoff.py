@@ -53,11 +53,20 @@ class Settled:
     waiting: bool = True  # held work on the queue may wait for a worker (False: a pull finds none)
 
 
+def releasable(state: Standing) -> int:
+    """How many of the account's held jobs its standing lets go now: none when nothing waits, or
+    when it would only be held again until a run gives budget back; else its free slots."""
+    if not state.held or (state.unreserved_ms <= 0 and state.active):
+        return 0
+    return max(0, state.free_slots)
+
+
 def release(*, account_id: int, queue: str, state: Standing, limit: int, day: dt.date) -> int:
     """Send the account's oldest due held jobs into its free slots (each dispatched)."""
-    if not state.held or (state.unreserved_ms <= 0 and state.active):
-        return 0  # nothing waits, or it would only be held again until a run gives budget back
-    released = release_oldest(account_id=account_id, queue=queue, limit=min(limit, state.free_slots))
+    limit = min(limit, releasable(state))
+    if limit <= 0:
+        return 0
+    released = release_oldest(account_id=account_id, queue=queue, limit=limit)
     for held in released:
         standing.dispatch(envelope=Envelope(job=held.job, account=account_id, ref=held.ref), queue=queue, day=day)
     return len(released)
@@ -75,8 +84,9 @@ class Admitted:
 def hand_off(
     *, account_id: int, queue: str, state: Standing, day: dt.date, worker: str, yield_to_broker: bool = True,
 ) -> Handoff | None:
-    """In the settling transaction, under the account's lock: claim its oldest eligible held job
-    for `worker` into the slot the settlement just freed, unless (`yield_to_broker`) a job sent to
+    """Under the account's lock, in the settling transaction or the one a settlement opens when it
+    finds work held (budgets.services.settle): claim its oldest eligible held job for `worker`
+    into the slot the settlement just freed, unless (`yield_to_broker`) a job sent to
     the broker on the queue waits for a worker: then the caller releases it to the broker instead,
     behind what waits there.
 

@@ -1,10 +1,11 @@
 """The ledger statements of a run's admission and settlement, hand-written so that each task pays
-as few round trips as possible (bench/budget_overhead.py counts them). Called under the account's
-Budget row lock (budgets.standing), inside the caller's transaction.
+as few round trips as possible (bench/budget_overhead.py counts them).
 
-- Admission (`take_slot`): the CPU reserved on the day, the slot made ACTIVE, the run's record
-  inserted and a claimed job's claim completed (their SQL from scheduling: it owns those tables).
-- Settlement (`charge`): the reservation deleted (exactly once: RETURNING says whether it was
+- Admission (`take_slot`, under the account's Budget row lock, budgets.standing, in the caller's
+  transaction): the CPU reserved on the day, the slot made ACTIVE, the run's record inserted and a
+  claimed job's claim completed (their SQL from scheduling: it owns those tables).
+- Settlement (`charge`, atomic on its own and taking no lock: budgets.services.settle says why
+  that is safe): the reservation deleted (exactly once: RETURNING says whether it was
   there), its run's figures charged to its day and recorded on its run, and what the settlement
   needs to know next (is work held for this account; does any held work of the queue wait for a
   worker) read with it.
@@ -16,7 +17,7 @@ import datetime as dt
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from django.db import connection
+from django.db import connection, transaction
 from django.utils import timezone
 
 from budgets import standing
@@ -159,7 +160,8 @@ def charge(*, reservation_id: int, account_id: int, queue: str, meter: Meter, ca
            now: dt.datetime, finished: Callable[[str], tuple[str, list]]) -> Charged | None:
     """Delete the reservation, charge the run's figures to its day and record them on its run
     (`finished(run_id_sql)`: scheduling.services.task_run_finished_sql); None when it was settled
-    already (exactly once: the second settlement finds no reservation)."""
+    already (exactly once: the second settlement finds no reservation). Atomic on its own (one
+    statement; elsewhere its parts in one transaction), so it needs no caller's transaction."""
     now = connection.ops.adapt_datetimefield_value(now)
     cpu, active = meter.cpu_ms, ReservationStatus.ACTIVE
     set_params = [cpu, cpu, active, active, meter.wall_ms, round(meter.db_wait_ms), round(meter.storage_wait_ms),
@@ -181,7 +183,7 @@ def charge(*, reservation_id: int, account_id: int, queue: str, meter: Meter, ca
                              cpu_used_ms=used, cpu_reserved_ms=reserved, in_flight=in_flight, active=running,
                              held=bool(held), paused=bool(paused))
             return Charged(task_run_id, status == active, held=bool(held), waiting=bool(waiting), after=after, day=day)
-        else:
+        with transaction.atomic(savepoint=False):  # the statement's parts, one by one
             cursor.execute(_DELETE_SQL, [reservation_id])
             row = cursor.fetchone()
             if row is None:

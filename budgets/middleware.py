@@ -178,7 +178,7 @@ class BudgetMiddleware:
             settled = retry_on_disconnect(lambda: services.settle(
                 reservation_id=admission.reservation_id, account_id=ctx.envelope.account, queue=queue,
                 meter=ctx.meter, cap_hit=cap_hit, envelope=ctx.envelope, handoff_to=handoff_to,
-                outcome=outcome, items=ctx.items, error=ctx.error,
+                outcome=outcome, items=ctx.items, error=ctx.error, expect_held=ctx.claim is not None,
             ))
             ctx.recorded = outcome is not None and settled is not None
             ctx.handoff = settled.handoff if settled else None

@@ -1,7 +1,7 @@
 """Writes of the budgets app: defaults, admission, settlement, reclaim and release of held work.
 
 Each takes the account's Budget row lock (budgets.standing explains why) before it changes the
-usage ledger or the slots.
+usage ledger or the slots, but a settlement's charge: one statement of its own (`settle`).
 """
 import datetime as dt
 from dataclasses import dataclass, replace
@@ -66,6 +66,7 @@ def _hold(
     *, envelope: Envelope, queue: str, state: Standing, day: dt.date, reason: str, eligible_at: dt.datetime,
 ) -> None:
     hold(envelope=envelope, queue=queue, reason=reason, eligible_at=eligible_at)
+    wake_when_committed(account_id=envelope.account, queue=queue, eligible_at=eligible_at)
     usage_id = standing.usage_id(state, account_id=envelope.account, queue=queue, day=day)
     UsageDay.objects.filter(pk=usage_id).update(deferrals=F("deferrals") + 1)
 
@@ -198,7 +199,7 @@ def reservation_grow(*, reservation_id: int, cpu_ms: int, want_ms: int) -> int:
 def settle(
     *, reservation_id: int, account_id: int, queue: str, meter: Meter, cap_hit: bool = False,
     envelope: Envelope | None = None, handoff_to: str | None = None, outcome: str | None = None, items: int = 0,
-    error: BaseException | None = None,
+    error: BaseException | None = None, expect_held: bool = False,
 ) -> handoff.Settled | None:
     """After a run: charge its measured CPU, free its reservation and slot, add its waits, and
     record the figures on its run (with how it ended, when `outcome` is given).
@@ -208,21 +209,51 @@ def settle(
     next budget day, or for budget its account's other runs give back. The freed slot goes to the
     account's oldest eligible held job: claimed for worker `handoff_to` when given (returned, to
     run next in that worker), else released to the broker.
+
+    The charge is one statement and takes no lock (`ledger.charge`); only when work is held for
+    the account (seen by that statement, or by a look once it committed) does the settlement take
+    the lock to pass the slot on. A job put on hold meanwhile is not missed: a hold that waits for
+    a slot or budget looks again once it committed (`wake_when_committed`), and of the two looks,
+    each after its own commit, one sees the other's. A run stopped by the cap, and one that came
+    from the holding area (`expect_held`: its account most likely has more there), settle under
+    the lock instead, with what follows in the same transaction.
     """
+    now = clock.now()
+    day = clock.budget_day(now)
+
+    def finished(run_id_sql: str) -> tuple[str, list]:
+        return task_run_finished_sql(run_id_sql=run_id_sql, meter=meter, outcome=outcome, items=items, error=error)
+
+    if (cap_hit and envelope is not None) or expect_held:
+        return _settle_locked(reservation_id=reservation_id, account_id=account_id, queue=queue, meter=meter,
+                              cap_hit=cap_hit, envelope=envelope, handoff_to=handoff_to, now=now, day=day,
+                              finished=finished)
+    # The run is recorded as finished in the statement that frees its slot: before any run that
+    # takes the slot next is recorded as started.
+    charged = ledger.charge(reservation_id=reservation_id, account_id=account_id, queue=queue, meter=meter,
+                            cap_hit=cap_hit, now=now, finished=finished)
+    if charged is None:
+        return None
+    claimed = None
+    if charged.was_active and (charged.held or standing.held(account_id=account_id, queue=queue)):
+        with transaction.atomic():
+            state = _locked_state(account_id=account_id, queue=queue, day=day)
+            claimed = _pass_on(account_id=account_id, queue=queue, state=state, day=day, handoff_to=handoff_to)
+    return handoff.Settled(handoff=claimed, waiting=charged.waiting or claimed is not None)
+
+
+def _settle_locked(
+    *, reservation_id: int, account_id: int, queue: str, meter: Meter, cap_hit: bool, envelope: Envelope | None,
+    handoff_to: str | None, now: dt.datetime, day: dt.date, finished,
+) -> handoff.Settled | None:
+    """`settle` under the account's lock: the charge, a capped run's hold and the freed slot's
+    hand-off in one transaction."""
     with transaction.atomic():
-        now = clock.now()
-        day = clock.budget_day(now)
         _lock(account_id=account_id, queue=queue)
-        # The run is recorded as finished in this transaction: before any run that takes the slot
-        # next is recorded as started.
-        charged = ledger.charge(
-            reservation_id=reservation_id, account_id=account_id, queue=queue, meter=meter, cap_hit=cap_hit, now=now,
-            finished=lambda run_id_sql: task_run_finished_sql(
-                run_id_sql=run_id_sql, meter=meter, outcome=outcome, items=items, error=error),
-        )
+        charged = ledger.charge(reservation_id=reservation_id, account_id=account_id, queue=queue, meter=meter,
+                                cap_hit=cap_hit, now=now, finished=finished)
         if charged is None:
             return None
-        claimed = None
 
         def standing_now() -> Standing:  # read with the charge where the database could
             if charged.after is not None and charged.day == day:
@@ -236,16 +267,49 @@ def settle(
             else:
                 reason, eligible_at = standing.out_of_budget(state, now)
             hold(envelope=envelope, queue=queue, reason=reason, eligible_at=eligible_at)
+            wake_when_committed(account_id=account_id, queue=queue, eligible_at=eligible_at)
             state = replace(state, held=True)
         elif charged.was_active and charged.held:
             state = standing_now()
         else:
             state = None  # nothing held for this account: no slot to pass on, no state to read
-        if charged.was_active and state is not None and handoff_to is not None:
-            claimed = handoff.hand_off(account_id=account_id, queue=queue, state=state, day=day, worker=handoff_to)
-        if charged.was_active and state is not None and claimed is None:
-            handoff.release(account_id=account_id, queue=queue, state=state, limit=1, day=day)
+        claimed = None
+        if charged.was_active and state is not None:
+            claimed = _pass_on(account_id=account_id, queue=queue, state=state, day=day, handoff_to=handoff_to)
     return handoff.Settled(handoff=claimed, waiting=charged.waiting or claimed is not None)
+
+
+def _pass_on(*, account_id: int, queue: str, state: Standing, day: dt.date, handoff_to: str | None):
+    """Under the lock: a freed slot goes to the account's oldest held job, claimed for worker
+    `handoff_to` (returned) when given, else released to the broker."""
+    claimed = None
+    if handoff_to is not None:
+        claimed = handoff.hand_off(account_id=account_id, queue=queue, state=state, day=day, worker=handoff_to)
+    if claimed is None:
+        handoff.release(account_id=account_id, queue=queue, state=state, limit=1, day=day)
+    return claimed
+
+
+def wake_when_committed(*, account_id: int, queue: str, eligible_at: dt.datetime) -> None:
+    """A job held until a slot or budget is given back (due now): once its hold committed, look
+    whether a settlement gave one back meanwhile without seeing the hold (settlements take no
+    lock, `settle`), and release what may go."""
+    if eligible_at > clock.now():
+        return  # it waits for a time (the next budget day, a back-off), not for a settlement
+
+    def wake() -> None:
+        day = clock.budget_day()
+        state = standing.read(account_id=account_id, queue=queue, day=day)
+        if state is not None and handoff.releasable(state):
+            _release_locked(account_id=account_id, queue=queue, day=day)
+
+    transaction.on_commit(wake, robust=True)
+
+
+def _release_locked(*, account_id: int, queue: str, day: dt.date) -> int:
+    with transaction.atomic():
+        state = _locked_state(account_id=account_id, queue=queue, day=day)
+        return handoff.release(account_id=account_id, queue=queue, state=state, limit=state.free_slots, day=day)
 
 
 def reclaim_expired() -> int:
@@ -261,7 +325,9 @@ def reclaim_expired() -> int:
         with transaction.atomic():
             day = clock.budget_day()
             _lock(account_id=account_id, queue=queue)
-            reservation = Reservation.objects.filter(
+            # Its row locked: a settlement (which takes no Budget lock) of a run that was only slow
+            # then waits for the reclaim and charges what the reclaim did not, or went first.
+            reservation = Reservation.objects.select_for_update().filter(
                 pk=pk, status__in=standing.IN_FLIGHT, lease_expires_at__lt=timezone.now(),
             ).first()
             if reservation is None:  # it settled, started or renewed meanwhile
@@ -272,6 +338,7 @@ def reclaim_expired() -> int:
                 # area to be sent again, so a lost message costs latency, never the job.
                 hold(envelope=Envelope(job=reservation.job, account=account_id, ref=reservation.ref),
                      queue=queue, reason=DeferReason.MESSAGE_LOST, eligible_at=clock.now())
+                wake_when_committed(account_id=account_id, queue=queue, eligible_at=clock.now())
             elif _claim_held_by(reservation):
                 # Admitted ahead with its claim (handoff.hand_off), and its worker died before it
                 # started: undone, its run skipped, nothing charged or counted; the job, whose
@@ -323,7 +390,5 @@ def release_due() -> int:
     pairs = (DeferredTask.objects.filter(eligible(now), account__isnull=False)  # account work only
              .values_list("account_id", "queue").distinct().order_by())
     for account_id, queue in pairs:
-        with transaction.atomic():
-            state = _locked_state(account_id=account_id, queue=queue, day=day)
-            released += handoff.release(account_id=account_id, queue=queue, state=state, limit=state.free_slots, day=day)
+        released += _release_locked(account_id=account_id, queue=queue, day=day)
     return released

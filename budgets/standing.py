@@ -1,11 +1,12 @@
 """An account's standing on one queue (budget, today's usage, slots, held work), read in one
 statement under the row lock of its Budget, and the slot and lease helpers built on it.
 
-Every write to an account's usage ledger and slots that can refuse or free work happens under
-the row lock of its Budget (account, queue): admission, settlement, reservation growth, reclaim
-and the enqueue-time check's slow path serialise per account and queue, so a slot freed by a
-settlement can never miss a job that a concurrent admission is just putting on hold (no lost
-wake-ups), and counts never drift.
+Every write to an account's usage ledger and slots that can refuse work happens under the row
+lock of its Budget (account, queue): admission, reservation growth, reclaim, hand-off, release and
+the enqueue-time check's slow path serialise per account and queue, so caps hold and counts
+never drift. A settlement's charge, which only frees, is one statement without that lock
+(budgets.services.settle); a slot it frees can still never miss a job that is just being put on
+hold (no lost wake-ups): both sides look again once they committed, and one of them sees the other.
 
 A slot is a Reservation row: DISPATCHED from the moment the job is sent to the broker until it
 starts, ACTIVE while it runs. CPU is reserved in steps (RESERVATION_STEP_MS, at least the job's
@@ -99,6 +100,16 @@ def read(
                     cpu_used_ms=used, cpu_reserved_ms=reserved, in_flight=in_flight, active=active,
                     held=bool(held), own_slot=own_slot if envelope is not None else None, paused=bool(paused),
                     claimed=bool(claimed))
+
+
+_HELD_SQL = f"SELECT EXISTS (SELECT 1 FROM {DeferredTask._meta.db_table} WHERE account_id = %s AND queue = %s)"
+
+
+def held(*, account_id: int, queue: str) -> bool:
+    """Whether anything of the account's is in the holding area on this queue (no lock)."""
+    with db.cursor() as cursor:
+        cursor.execute(_HELD_SQL, [account_id, queue])
+        return bool(cursor.fetchone()[0])
 
 
 _LOCK_SQL = f"SELECT 1 FROM {Budget._meta.db_table} WHERE account_id = %s AND queue = %s"

@@ -10,6 +10,8 @@ keeps it. FAIRSHARE["PREPARED_STATEMENTS"] = False turns this off, for a connect
 cannot keep prepared statements across transactions (PgBouncer before 1.21 in transaction mode).
 Elsewhere (SQLite) it is Django's cursor.
 """
+import select
+
 from django.conf import settings
 from django.db import DEFAULT_DB_ALIAS, connections
 from django.db.backends.utils import CursorWrapper
@@ -65,3 +67,19 @@ def cursor() -> CursorWrapper:
     if connection.timezone != raw.adapters.get_loader(_TIMESTAMPTZ_OID, Format.TEXT).timezone:
         register_tzloader(connection.timezone, raw)  # as Django's own cursors do
     return _LoggedCursor(raw, connection) if connection.queries_logged else connection.make_cursor(raw)
+
+
+def trust_quiet_connection() -> None:
+    """Spare the round trip of Django's health check (CONN_HEALTH_CHECKS: `SELECT 1` before a
+    connection's first use after close_old_connections(), i.e. once per task in a worker) when the
+    connection's socket has nothing to read: an idle PostgreSQL session receives nothing it did
+    not ask for, so anything there (the server's goodbye when the session was terminated or the
+    server stopped, or end of file) means it is gone, and then Django's ping runs and replaces it.
+    A connection cut without a word (a silent network) fails its next statement instead."""
+    connection = connections[DEFAULT_DB_ALIAS]
+    raw = connection.connection
+    if psycopg is None or raw is None or connection.vendor != "postgresql" or connection.health_check_done:
+        return
+    if raw.closed or raw.broken or select.select([raw.fileno()], [], [], 0)[0]:
+        return
+    connection.health_check_done = True

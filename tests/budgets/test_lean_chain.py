@@ -1,6 +1,9 @@
 """The lean chain: an account's run is recorded by its admission, in the same transaction as its
 slot, and completed by its settlement; what happens to that record when the admission fails after
 making it; and what a run and a hand-off cost in statements (counts, not timings)."""
+import select
+
+import psycopg
 import pytest
 from django.db import connection
 from django.test.utils import CaptureQueriesContext
@@ -10,6 +13,7 @@ from budgets.models import Budget, Reservation, UsageDay
 from scheduling.envelope import Envelope
 from scheduling.models import DeferredTask, Outcome, TaskRun
 from scheduling.runtime import enqueue, enqueue_many, execute
+from tests.conftest import wait_for
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -43,16 +47,17 @@ def commits(queries) -> int:
     return sum(1 for q in queries if q["sql"].strip().upper() == "COMMIT")
 
 
-def test_an_accounts_run_costs_five_statements_in_two_transactions(account):
+def test_an_accounts_run_costs_five_statements_in_one_transaction(account):
     """What bench/budget_overhead.py reports, held as a count: admission (lock, state, slot + run
-    record) and settlement (lock, the ledger + the run's complete record), nothing after."""
+    record: one transaction) and settlement (the ledger + the run's complete record in a statement
+    of its own, no lock; then whether anything is held now), nothing after."""
     Budget.objects.create(account=account, queue="default", cpu_seconds_per_day=10, max_concurrent=4)
     for ref in ("lean/first-of-the-day", "lean/count"):  # the day's first run also creates its ledger row
         assert enqueue(job="tests.noop", account=account.pk, ref=ref) is not None
         with CaptureQueriesContext(connection) as queries:
             execute(Envelope(job="tests.noop", account=account.pk, ref=ref).to_message())
 
-    assert (len(statements(queries)), commits(queries)) == (5, 2), statements(queries)
+    assert (len(statements(queries)), commits(queries)) == (5, 1), statements(queries)
     run = TaskRun.objects.get(ref="lean/count")
     assert (run.outcome, run.items) == (Outcome.SUCCEEDED, 1) and run.finished_at >= run.started_at
     assert not Reservation.objects.exists()
@@ -73,10 +78,12 @@ def test_a_hand_off_cycle_costs_four_statements_in_one_transaction(account):
 
     runs = list(TaskRun.objects.order_by("started_at").values_list("ref", "outcome"))
     assert runs == [(ref, Outcome.SUCCEEDED) for ref in refs]
-    # The first admission (3 statements) and the last settlement (2: nothing held, no pull) stand
-    # alone; each hand-off is a settlement that claims and admits the next job (lock, charge, claim
-    # and admission in one statement) and its start (1).
-    assert (len(statements(queries)), commits(queries)) == (3 + 4 * 4 + 2, 1 + 4 + 1), statements(queries)
+    # The first admission (3 statements) stands alone. The first run came through the broker: its
+    # settlement charges without the lock, sees work held, then hands the slot off under the lock
+    # (charge; lock, state, claim and admission in one statement), and the next job starts (1).
+    # The handed-off runs settle under the lock, each handing off the next (lock, charge, claim and
+    # admission) before it starts (1); the last settlement finds nothing held (lock, charge).
+    assert (len(statements(queries)), commits(queries)) == (3 + 5 + 3 * 4 + 2, 1 + 4 + 1), statements(queries)
     assert not Reservation.objects.exists() and not DeferredTask.objects.exists()
 
 
@@ -111,3 +118,37 @@ def test_the_chain_prepares_its_own_statements_once_per_connection_and_only_them
     else:
         assert found == []
     assert TaskRun.objects.filter(outcome=Outcome.SUCCEEDED).count() == 3
+
+
+def test_a_task_spares_the_health_check_ping_only_while_its_connection_is_quiet(account):
+    """scheduling.db.trust_quiet_connection: after django-q2's close_old_connections() a live,
+    idle connection is used without Django's `SELECT 1` ping; one whose session the server ended
+    (its goodbye is waiting on the socket) gets the ping, fails it and is replaced, and the task
+    runs on the new connection."""
+    if connection.vendor != "postgresql":
+        pytest.skip("the socket of a PostgreSQL session")
+    from django.db import close_old_connections
+
+    from scheduling import db
+
+    Budget.objects.create(account=account, queue="default", cpu_seconds_per_day=10, max_concurrent=4)
+    connection.ensure_connection()
+    close_old_connections()
+    assert not connection.health_check_done
+    db.trust_quiet_connection()
+    assert connection.health_check_done  # the ping is spared
+
+    pid = connection.connection.info.backend_pid
+    close_old_connections()
+    params = connection.get_connection_params()
+    with psycopg.connect(**{k: v for k, v in params.items() if k in ("dbname", "user", "password", "host", "port")},
+                         autocommit=True) as other:
+        other.execute("SELECT pg_terminate_backend(%s)", [pid])
+    fd = connection.connection.fileno()
+    wait_for(lambda: select.select([fd], [], [], 0)[0], timeout=10, message="the server's goodbye")
+    db.trust_quiet_connection()
+    assert not connection.health_check_done  # Django pings, finds it dead and reconnects
+
+    execute(Envelope(job="tests.noop", account=account.pk, ref="quiet/after-terminate").to_message())
+    assert TaskRun.objects.get(ref="quiet/after-terminate").outcome == Outcome.SUCCEEDED
+    assert connection.connection.info.backend_pid != pid

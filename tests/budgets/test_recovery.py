@@ -39,12 +39,13 @@ def _connect() -> psycopg.Connection:
                            host=db["HOST"] or None, port=db["PORT"] or None, autocommit=False)
 
 
-def _backend_waiting_for(locker: psycopg.Connection, table: str) -> int | None:
-    """The server pid of a session blocked on a row lock of `table` (not the locker's own)."""
+def _backend_waiting_for(locker: psycopg.Connection, query_like: str) -> int | None:
+    """The server pid of a session blocked on a lock, running a query like `query_like` (not the
+    locker's own)."""
     with connection.cursor() as cursor:
         cursor.execute(
             "SELECT pid FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND query ILIKE %s AND pid <> %s",
-            [f"%{table}%FOR UPDATE%", locker.info.backend_pid],
+            [query_like, locker.info.backend_pid],
         )
         row = cursor.fetchone()
     return row[0] if row else None
@@ -58,14 +59,14 @@ def test_settlement_reconnects_after_its_connection_dropped(account, start_clust
     wait_for(lambda: Reservation.objects.filter(ref=f"{SPIN_MS}/settle", task_run__isnull=False).exists(),
              timeout=60, message=f"the run to be admitted; log:\n{cluster.log()}")
 
-    # A slow transaction (or a failover) holds the account's budget row while the run finishes:
-    # its settlement waits on the lock, and then its connection is cut.
+    # A slow transaction (or a failover) holds the account's ledger row of the day while the run
+    # finishes: its settlement waits on the lock, and then its connection is cut.
     locker = _connect()
     try:
-        locker.execute("SELECT 1 FROM budgets_budget WHERE account_id = %s AND queue = 'default' FOR UPDATE",
+        locker.execute("SELECT 1 FROM budgets_usageday WHERE account_id = %s AND queue = 'default' FOR UPDATE",
                        [account.pk])
-        blocked = wait_for(lambda: _backend_waiting_for(locker, "budgets_budget"), timeout=30,
-                           message=f"the settlement to wait on the budget row; log:\n{cluster.log()}")
+        blocked = wait_for(lambda: _backend_waiting_for(locker, "%DELETE FROM budgets_reservation%budgets_usageday%"),
+                           timeout=30, message=f"the settlement to wait on the ledger row; log:\n{cluster.log()}")
         with connection.cursor() as cursor:
             cursor.execute("SELECT pg_terminate_backend(%s)", [blocked])
     finally:

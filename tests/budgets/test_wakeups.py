@@ -1,0 +1,113 @@
+"""No lost wake-ups without a lock on settlement: a settlement's charge takes no Budget row lock,
+so a job put on hold while a slot is being freed is found by one of the two looks made after a
+commit (the settlement's, the hold's). Each test takes one of them away to show what it catches."""
+import threading
+
+import pytest
+from django.db import connection
+
+from budgets import clock
+from budgets.models import Budget, Reservation, ReservationStatus, UsageDay
+from budgets.services import admit, admit_at_enqueue, settle
+from scheduling.envelope import Envelope
+from scheduling.metering import Meter
+from scheduling.models import DeferredTask
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+def stopped_meter(cpu_ms: int = 3) -> Meter:
+    m = Meter(cpu_ms=cpu_ms, wall_ms=cpu_ms)
+    m._stopped = True
+    return m
+
+
+@pytest.fixture
+def running(account):
+    """The account (cap 1) runs one job: its only slot is taken."""
+    Budget.objects.create(account=account, queue="default", cpu_seconds_per_day=10, max_concurrent=1)
+    first = Envelope(job="tests.noop", account=account.pk, ref="wake/running")
+    assert admit_at_enqueue(envelope=first, queue="default")
+    admission = admit(envelope=first, queue="default", estimate_ms=10, worker="host:1")
+    assert admission.admitted
+    return admission
+
+
+def settle_in_another_session(account, reservation_id: int) -> None:
+    """Settle from a session of its own, while the caller's transaction is still open; fails if
+    the settlement waits for that transaction (it would, under the Budget row lock)."""
+    errors = []
+
+    def run():
+        try:
+            settle(reservation_id=reservation_id, account_id=account.pk, queue="default", meter=stopped_meter())
+        except Exception as exc:  # pragma: no cover - reported below
+            errors.append(exc)
+        finally:
+            connection.close()
+
+    thread = threading.Thread(target=run)
+    thread.start()
+    thread.join(timeout=20)
+    assert not thread.is_alive(), "the settlement waited for the transaction that holds the job"
+    assert not errors, errors
+
+
+@pytest.mark.parametrize("look_after_the_hold", [True, False])
+def test_a_job_held_while_the_slot_is_freed_is_released_by_the_look_after_its_hold(
+    account, running, monkeypatch, look_after_the_hold,
+):
+    """The enqueue saw the slot taken; before its hold is written, the running job settles (its
+    charge and its look after it see nothing held, and it commits first). Only the hold's own look
+    after its commit can find the freed slot."""
+    from budgets import services
+
+    real_hold = services.hold
+
+    def settle_first(**kwargs):
+        settle_in_another_session(account, running.reservation_id)
+        real_hold(**kwargs)
+
+    monkeypatch.setattr("budgets.services.hold", settle_first)
+    if not look_after_the_hold:
+        monkeypatch.setattr("budgets.services.wake_when_committed", lambda **kwargs: None)
+
+    assert not admit_at_enqueue(envelope=Envelope(job="tests.noop", account=account.pk, ref="wake/held"),
+                                queue="default")
+
+    assert not Reservation.objects.filter(ref="wake/running").exists()
+    released = Reservation.objects.filter(ref="wake/held", status=ReservationStatus.DISPATCHED).exists()
+    assert released is look_after_the_hold  # else the wake-up would be lost until the next pulse
+    assert DeferredTask.objects.filter(ref="wake/held").exists() is not look_after_the_hold
+    assert UsageDay.objects.get(account=account, day=clock.budget_day()).runs == 1
+
+
+@pytest.mark.parametrize("look_after_the_charge", [True, False])
+def test_a_settlement_whose_charge_missed_a_hold_finds_it_once_committed(
+    account, running, monkeypatch, look_after_the_charge,
+):
+    """The hold committed after the charge's statement took its snapshot (and the hold's own look
+    ran before the charge committed, seeing the slot still taken): only the settlement's look
+    after its commit can find it. Here the charge is made to have missed it."""
+    assert not admit_at_enqueue(envelope=Envelope(job="tests.noop", account=account.pk, ref="wake/held"),
+                                queue="default")
+    from budgets import ledger
+
+    real_charge = ledger.charge
+
+    def charge_that_missed_the_hold(**kwargs):
+        charged = real_charge(**kwargs)
+        return charged and type(charged)(charged.task_run_id, charged.was_active, held=False,
+                                          waiting=charged.waiting)
+
+    monkeypatch.setattr("budgets.ledger.charge", charge_that_missed_the_hold)
+    if not look_after_the_charge:
+        monkeypatch.setattr("budgets.standing.held", lambda **kwargs: False)
+
+    settled = settle(reservation_id=running.reservation_id, account_id=account.pk, queue="default",
+                     meter=stopped_meter())
+
+    assert settled is not None
+    released = Reservation.objects.filter(ref="wake/held", status=ReservationStatus.DISPATCHED).exists()
+    assert released is look_after_the_charge
+    assert DeferredTask.objects.filter(ref="wake/held").exists() is not look_after_the_charge
