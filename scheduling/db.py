@@ -11,6 +11,7 @@ cannot keep prepared statements across transactions (PgBouncer before 1.21 in tr
 Elsewhere (SQLite) it is Django's cursor.
 """
 import select
+import time
 
 from django.conf import settings
 from django.db import DEFAULT_DB_ALIAS, connections
@@ -69,17 +70,30 @@ def cursor() -> CursorWrapper:
     return _LoggedCursor(raw, connection) if connection.queries_logged else connection.make_cursor(raw)
 
 
+# How recently a connection must have served a task for its quiet socket to be trusted: a
+# connection idle for longer may have been dropped without a word (a NAT's or firewall's idle
+# timeout), which only a round trip finds.
+TRUST_QUIET_FOR_S = 5.0
+
+
 def trust_quiet_connection() -> None:
     """Spare the round trip of Django's health check (CONN_HEALTH_CHECKS: `SELECT 1` before a
     connection's first use after close_old_connections(), i.e. once per task in a worker) when the
-    connection's socket has nothing to read: an idle PostgreSQL session receives nothing it did
-    not ask for, so anything there (the server's goodbye when the session was terminated or the
-    server stopped, or end of file) means it is gone, and then Django's ping runs and replaces it.
-    A connection cut without a word (a silent network) fails its next statement instead."""
+    connection served the previous task moments ago (TRUST_QUIET_FOR_S) and its socket has nothing
+    to read: an idle PostgreSQL session receives nothing it did not ask for, so anything there (the
+    server's goodbye when the session was terminated or the server stopped, or end of file) means
+    it is gone, and then Django's ping runs and replaces it. Called at the start of each task."""
     connection = connections[DEFAULT_DB_ALIAS]
     raw = connection.connection
-    if psycopg is None or raw is None or connection.vendor != "postgresql" or connection.health_check_done:
+    if psycopg is None or raw is None or connection.vendor != "postgresql":
         return
-    if raw.closed or raw.broken or select.select([raw.fileno()], [], [], 0)[0]:
+    now = time.monotonic()
+    previous = getattr(connection, "_fairshare_previous_task", None)
+    connection._fairshare_previous_task = (raw, now)
+    if connection.health_check_done or previous is None or previous[0] is not raw:
+        return
+    if now - previous[1] > TRUST_QUIET_FOR_S or raw.closed or raw.broken:
+        return
+    if select.select([raw.fileno()], [], [], 0)[0]:
         return
     connection.health_check_done = True

@@ -120,10 +120,11 @@ def test_the_chain_prepares_its_own_statements_once_per_connection_and_only_them
     assert TaskRun.objects.filter(outcome=Outcome.SUCCEEDED).count() == 3
 
 
-def test_a_task_spares_the_health_check_ping_only_while_its_connection_is_quiet(account):
-    """scheduling.db.trust_quiet_connection: after django-q2's close_old_connections() a live,
-    idle connection is used without Django's `SELECT 1` ping; one whose session the server ended
-    (its goodbye is waiting on the socket) gets the ping, fails it and is replaced, and the task
+def test_a_task_spares_the_health_check_ping_only_while_its_connection_is_quiet(account, monkeypatch):
+    """scheduling.db.trust_quiet_connection: after django-q2's close_old_connections() a connection
+    that served the previous task moments ago and has nothing on its socket is used without
+    Django's `SELECT 1` ping; one idle for longer, or whose session the server ended (its goodbye
+    is waiting on the socket), gets the ping; a dead one fails it and is replaced, and the task
     runs on the new connection."""
     if connection.vendor != "postgresql":
         pytest.skip("the socket of a PostgreSQL session")
@@ -132,11 +133,17 @@ def test_a_task_spares_the_health_check_ping_only_while_its_connection_is_quiet(
     from scheduling import db
 
     Budget.objects.create(account=account, queue="default", cpu_seconds_per_day=10, max_concurrent=4)
-    connection.ensure_connection()
+    execute(Envelope(job="tests.noop", account=account.pk, ref="quiet/first").to_message())
     close_old_connections()
     assert not connection.health_check_done
     db.trust_quiet_connection()
-    assert connection.health_check_done  # the ping is spared
+    assert connection.health_check_done  # the ping is spared: it served a task moments ago
+
+    close_old_connections()
+    monkeypatch.setattr(db, "TRUST_QUIET_FOR_S", 0.0)  # as if idle for long: it may be dropped silently
+    db.trust_quiet_connection()
+    assert not connection.health_check_done
+    monkeypatch.undo()
 
     pid = connection.connection.info.backend_pid
     close_old_connections()
