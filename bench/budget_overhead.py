@@ -21,6 +21,8 @@ Each path is timed from its first enqueue until the broker holds none of its mes
 (django-q2's monitor deletes the OrmQ row when it acknowledges a finished task; polled every 10 ms).
 The same end point serves both paths, so nothing is added to the bare function. For the chain the
 last TaskRun's finished_at is reported too. tasks/s = N / that time; the ratio is chain / bare.
+Alongside, the CPU the whole machine spent busy over the same stretch, per task (/proc/stat: the
+benchmark's producer, every cluster process and PostgreSQL together).
 
 Before the cluster starts, the same account's admission and settlement are timed in this process
 (`budgets.services.admit` then `settle`, --iterations times), with the enqueue-time check
@@ -176,18 +178,26 @@ def run_bare(n: int, account_id: int, tag: str, cluster: h.Cluster) -> dict:
     from django_q.tasks import async_task
 
     failures_before = Task.objects.filter(success=False).count()
+    cpu0 = h.machine_cpu_seconds()
     t0 = time.perf_counter()
     for i in range(n):
         async_task(BARE_FUNC, envelope_message(account_id, f"{tag}-{i}"), task_name=f"bench.noop:{tag}-{i}")
     t_enq = time.perf_counter()
     h.wait_until(h.broker_empty, timeout=DRAIN_TIMEOUT_S, what=f"{tag}: broker drained", cluster=cluster)
     t_end = time.perf_counter()
+    cpu_ms = _machine_cpu_ms_per_task(cpu0, n)
     failures = Task.objects.filter(success=False).count() - failures_before
     if failures:
         raise RuntimeError(f"{failures} bare tasks failed:\n{cluster.tail(40)}")
     seconds = t_end - t0
     return {"tasks": n, "seconds": seconds, "tasks_per_s": n / seconds,
-            "enqueue_s": t_enq - t0, "enqueue_per_s": n / (t_enq - t0)}
+            "enqueue_s": t_enq - t0, "enqueue_per_s": n / (t_enq - t0), "machine_cpu_ms_per_task": cpu_ms}
+
+
+def _machine_cpu_ms_per_task(cpu0: float | None, n: int) -> float | None:
+    """The whole machine's busy CPU since `cpu0` (h.machine_cpu_seconds), per task."""
+    cpu1 = h.machine_cpu_seconds()
+    return None if cpu0 is None or cpu1 is None else (cpu1 - cpu0) * 1000 / n
 
 
 def run_chain(n: int, account_id: int, tag: str, cluster: h.Cluster) -> dict:
@@ -198,6 +208,7 @@ def run_chain(n: int, account_id: int, tag: str, cluster: h.Cluster) -> dict:
     from scheduling.runtime import enqueue
 
     wall0 = timezone.now()
+    cpu0 = h.machine_cpu_seconds()
     t0 = time.perf_counter()
     held = 0
     for i in range(n):
@@ -206,6 +217,7 @@ def run_chain(n: int, account_id: int, tag: str, cluster: h.Cluster) -> dict:
     t_enq = time.perf_counter()
     h.wait_until(h.broker_empty, timeout=DRAIN_TIMEOUT_S, what=f"{tag}: broker drained", cluster=cluster)
     t_end = time.perf_counter()
+    cpu_ms = _machine_cpu_ms_per_task(cpu0, n)
     runs = TaskRun.objects.filter(job=CHAIN_JOB, ref__startswith=f"{tag}-")
     outcomes = dict(runs.values_list("outcome").annotate(c=Count("id")).order_by())
     if held or outcomes.get("succeeded", 0) != n or len(outcomes) != 1:
@@ -217,7 +229,7 @@ def run_chain(n: int, account_id: int, tag: str, cluster: h.Cluster) -> dict:
     to_last_run = (last_finished - wall0).total_seconds()
     return {
         "tasks": n, "seconds": seconds, "tasks_per_s": n / seconds,
-        "enqueue_s": t_enq - t0, "enqueue_per_s": n / (t_enq - t0),
+        "enqueue_s": t_enq - t0, "enqueue_per_s": n / (t_enq - t0), "machine_cpu_ms_per_task": cpu_ms,
         "to_last_taskrun_s": to_last_run, "tasks_per_s_to_last_taskrun": n / to_last_run,
         "taskrun_start_to_finish_ms": {"median": h.median(in_worker_ms), "p95": h.percentile(in_worker_ms, 95)},
         "taskrun_wall_ms_median": h.median([r[2] for r in rows]),
@@ -328,6 +340,9 @@ def main(argv=None) -> int:
 
     bare_tps = h.median([r["bare"]["tasks_per_s"] for r in rounds])
     chain_tps = h.median([r["chain"]["tasks_per_s"] for r in rounds])
+    cpu = {path: [r[path]["machine_cpu_ms_per_task"] for r in rounds if r[path]["machine_cpu_ms_per_task"] is not None]
+           for path in ("bare", "chain")}
+    bare_cpu, chain_cpu = (h.median(cpu[path]) if cpu[path] else None for path in ("bare", "chain"))
     ratio = chain_tps / bare_tps
     per_task_overhead_ms = (1 / chain_tps - 1 / bare_tps) * 1000
     results = {
@@ -347,6 +362,7 @@ def main(argv=None) -> int:
             "bare_tasks_per_s": bare_tps, "chain_tasks_per_s": chain_tps, "ratio": ratio,
             "chain_tasks_per_s_to_last_taskrun": h.median([r["chain"]["tasks_per_s_to_last_taskrun"] for r in rounds]),
             "per_task_overhead_ms_wall": per_task_overhead_ms,
+            "bare_machine_cpu_ms_per_task": bare_cpu, "chain_machine_cpu_ms_per_task": chain_cpu,
             "admit_plus_settle_ms": inproc["admit_plus_settle"],
         },
         "rounds": rounds,
@@ -360,16 +376,16 @@ def main(argv=None) -> int:
         for path in r["order"]:
             x = r[path]
             rows.append([f"{i + 1}", path, f"{x['tasks']}", h.fmt(x["seconds"], ".2f"), h.fmt(x["tasks_per_s"], ".1f"),
-                         h.fmt(x["enqueue_per_s"], ".0f"),
+                         h.fmt(x["enqueue_per_s"], ".0f"), h.fmt(x["machine_cpu_ms_per_task"], ".2f"),
                          h.fmt(x.get("taskrun_start_to_finish_ms", {}).get("median"), ".1f")])
-        rows.append(["", "chain/bare", "", "", h.fmt(r["ratio"], ".2f"), "", ""])
+        rows.append(["", "chain/bare", "", "", h.fmt(r["ratio"], ".2f"), "", "", ""])
     rows.append(None)
-    rows.append(["med", "bare", "", "", h.fmt(bare_tps, ".1f"), "", ""])
-    rows.append(["med", "chain", "", "", h.fmt(chain_tps, ".1f"), "", ""])
-    rows.append(["med", "chain/bare", "", "", h.fmt(ratio, ".2f"), "", ""])
+    rows.append(["med", "bare", "", "", h.fmt(bare_tps, ".1f"), "", h.fmt(bare_cpu, ".2f"), ""])
+    rows.append(["med", "chain", "", "", h.fmt(chain_tps, ".1f"), "", h.fmt(chain_cpu, ".2f"), ""])
+    rows.append(["med", "chain/bare", "", "", h.fmt(ratio, ".2f"), "", "", ""])
     print()
-    print(h.render_table(["round", "path", "tasks", "seconds", "tasks/s", "enqueued/s", "run ms (med)"], rows,
-                         right={0, 2, 3, 4, 5, 6}))
+    print(h.render_table(["round", "path", "tasks", "seconds", "tasks/s", "enqueued/s", "machine CPU ms/task",
+                          "run ms (med)"], rows, right={0, 2, 3, 4, 5, 6, 7}))
     print()
     ip_rows = []
     for key, label in [("admit", "admit"), ("settle", "settle"), ("admit_plus_settle", "admit + settle"),

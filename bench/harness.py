@@ -214,6 +214,18 @@ def broker_empty(key: str = "default") -> bool:
     return not OrmQ.objects.filter(key=key).exists()
 
 
+def machine_cpu_seconds() -> float | None:
+    """CPU time the whole machine has spent busy (every process: benchmark, cluster, PostgreSQL;
+    /proc/stat, all CPUs), for the difference over a measured stretch; None off Linux."""
+    try:
+        with open("/proc/stat") as f:
+            jiffies = [int(x) for x in f.readline().split()[1:]]
+    except OSError:
+        return None
+    idle = jiffies[3] + jiffies[4]  # idle, iowait
+    return (sum(jiffies[:8]) - idle) / os.sysconf("SC_CLK_TCK")  # (guest time is inside user time)
+
+
 # --- Reporting ----------------------------------------------------------------------------------
 
 PG_SETTINGS = ("shared_buffers", "synchronous_commit", "fsync", "max_connections")
