@@ -53,10 +53,10 @@ _R_VALUES = "(SELECT %s AS day, %s AS status, %s AS cpu_reserved_ms, %s AS cpu_c
 # `held`: anything in the holding area for this account and queue (what release and hand-off
 # act on); `waiting`: any eligible, unclaimed held job on the queue (what a pull could claim).
 _FLAGS_SQL = """
-EXISTS (SELECT 1 FROM {deferred} d WHERE d.account_id = %s AND d.queue = %s),
+{held},
 EXISTS (SELECT 1 FROM {deferred} d WHERE d.queue = %s AND d.eligible_at <= %s
          AND (d.claim_expires_at IS NULL OR d.claim_expires_at < %s))
-""".format(deferred=DeferredTask._meta.db_table)
+""".format(held=standing.HELD_SQL.format(account="%s", queue="%s"), deferred=DeferredTask._meta.db_table)
 # PostgreSQL: the account's standing after the settlement (budgets.standing.Standing, less what the
 # hand-off and release do not use), read with it: the day charged, as `c` returns it, and the
 # slots but the one deleted (every part of the statement sees the snapshot from before it).

@@ -56,6 +56,11 @@ class Standing:
         return self.max_concurrent - self.in_flight
 
 
+# Is anything of the account's held on the queue: SQL for hand-written statements, with
+# `account` and `queue` filled in (`held`, the standing, the enqueue check, the settlement).
+HELD_SQL = (f"EXISTS (SELECT 1 FROM {DeferredTask._meta.db_table} d "
+            "WHERE d.account_id = {account} AND d.queue = {queue})")
+
 # One hand-written statement (for PostgreSQL and SQLite alike): it runs at the start of
 # every task, and building the same query through the ORM cost more CPU than running it.
 _STATE_SQL = """
@@ -64,14 +69,14 @@ SELECT b.cpu_seconds_per_day, b.max_concurrent, u.id, COALESCE(u.cpu_used_ms, 0)
          WHERE r.account_id = b.account_id AND r.queue = b.queue AND r.status IN (%s, %s)),
        (SELECT COUNT(*) FROM {reservation} r
          WHERE r.account_id = b.account_id AND r.queue = b.queue AND r.status = %s),
-       EXISTS (SELECT 1 FROM {deferred} d WHERE d.account_id = b.account_id AND d.queue = b.queue),
+       {held},
        (SELECT MIN(r.id) FROM {reservation} r
          WHERE r.account_id = b.account_id AND r.queue = b.queue AND r.status = %s AND r.job = %s AND r.ref = %s),
        {paused}, {claimed}
   FROM {budget} b
   LEFT JOIN {usage} u ON u.account_id = b.account_id AND u.queue = b.queue AND u.day = %s
  WHERE b.account_id = %s AND b.queue = %s
-""".format(reservation=Reservation._meta.db_table, deferred=DeferredTask._meta.db_table,
+""".format(reservation=Reservation._meta.db_table, held=HELD_SQL.format(account="b.account_id", queue="b.queue"),
            budget=Budget._meta.db_table, usage=UsageDay._meta.db_table,
            paused=COVERED_SQL.format(account="b.account_id", queue="b.queue"), claimed=CLAIM_HELD_SQL)
 
@@ -102,13 +107,10 @@ def read(
                     claimed=bool(claimed))
 
 
-_HELD_SQL = f"SELECT EXISTS (SELECT 1 FROM {DeferredTask._meta.db_table} WHERE account_id = %s AND queue = %s)"
-
-
 def held(*, account_id: int, queue: str) -> bool:
     """Whether anything of the account's is in the holding area on this queue (no lock)."""
     with db.cursor() as cursor:
-        cursor.execute(_HELD_SQL, [account_id, queue])
+        cursor.execute("SELECT " + HELD_SQL.format(account="%s", queue="%s"), [account_id, queue])
         return bool(cursor.fetchone()[0])
 
 
@@ -172,11 +174,11 @@ SELECT b.account_id, b.queue, %s, %s, %s, %s, %s, %s, '', 0, 0, 0
    AND CAST(b.cpu_seconds_per_day AS BIGINT) * 1000 > COALESCE(u.cpu_used_ms, 0) + COALESCE(u.cpu_reserved_ms, 0)
    AND b.max_concurrent > (SELECT COUNT(*) FROM {reservation} r
                             WHERE r.account_id = b.account_id AND r.queue = b.queue AND r.status IN (%s, %s))
-   AND NOT EXISTS (SELECT 1 FROM {deferred} d WHERE d.account_id = b.account_id AND d.queue = b.queue)
+   AND NOT {held}
    AND NOT EXISTS (SELECT 1 FROM {reservation} r WHERE r.account_id = b.account_id AND r.queue = b.queue
                       AND r.status = %s AND r.job = %s AND r.ref = %s)
 RETURNING id
-""".format(reservation=Reservation._meta.db_table, deferred=DeferredTask._meta.db_table,
+""".format(reservation=Reservation._meta.db_table, held=HELD_SQL.format(account="b.account_id", queue="b.queue"),
            budget=Budget._meta.db_table, usage=UsageDay._meta.db_table, columns=_DISPATCH_COLUMNS)
 
 
