@@ -222,8 +222,8 @@ def machine_cpu_seconds() -> float | None:
             jiffies = [int(x) for x in f.readline().split()[1:]]
     except OSError:
         return None
-    idle = jiffies[3] + jiffies[4]  # idle, iowait
-    return (sum(jiffies[:8]) - idle) / os.sysconf("SC_CLK_TCK")  # (guest time is inside user time)
+    user, nice, system, _idle, _iowait, irq, softirq = jiffies[:7]  # (not steal: another guest's)
+    return (user + nice + system + irq + softirq) / os.sysconf("SC_CLK_TCK")  # (guest time is in user)
 
 
 # --- Reporting ----------------------------------------------------------------------------------

@@ -54,6 +54,6 @@ def _hold(state: standing.Standing, envelopes: list[Envelope], *, account_id: in
     if len(envelopes) > 1:
         behind = DeferReason.QUEUED_BEHIND if reason == DeferReason.CONCURRENCY_CAP else reason
         hold_many(envelopes=envelopes[1:], queue=queue, reason=behind, eligible_at=eligible_at)
-    services.wake_when_committed(account_id=account_id, queue=queue, eligible_at=eligible_at)
+    services.wake_when_committed(account_id=account_id, queue=queue, reason=reason, eligible_at=eligible_at)
     usage_id = standing.usage_id(state, account_id=account_id, queue=queue, day=day)
     UsageDay.objects.filter(pk=usage_id).update(deferrals=F("deferrals") + len(envelopes))

@@ -66,7 +66,7 @@ def _hold(
     *, envelope: Envelope, queue: str, state: Standing, day: dt.date, reason: str, eligible_at: dt.datetime,
 ) -> None:
     hold(envelope=envelope, queue=queue, reason=reason, eligible_at=eligible_at)
-    wake_when_committed(account_id=envelope.account, queue=queue, eligible_at=eligible_at)
+    wake_when_committed(account_id=envelope.account, queue=queue, reason=reason, eligible_at=eligible_at)
     usage_id = standing.usage_id(state, account_id=envelope.account, queue=queue, day=day)
     UsageDay.objects.filter(pk=usage_id).update(deferrals=F("deferrals") + 1)
 
@@ -267,7 +267,7 @@ def _settle_locked(
             else:
                 reason, eligible_at = standing.out_of_budget(state, now)
             hold(envelope=envelope, queue=queue, reason=reason, eligible_at=eligible_at)
-            wake_when_committed(account_id=account_id, queue=queue, eligible_at=eligible_at)
+            wake_when_committed(account_id=account_id, queue=queue, reason=reason, eligible_at=eligible_at)
             state = replace(state, held=True)
         elif charged.was_active and charged.held:
             state = standing_now()
@@ -290,12 +290,16 @@ def _pass_on(*, account_id: int, queue: str, state: Standing, day: dt.date, hand
     return claimed
 
 
-def wake_when_committed(*, account_id: int, queue: str, eligible_at: dt.datetime) -> None:
+def wake_when_committed(*, account_id: int, queue: str, reason: str, eligible_at: dt.datetime) -> None:
     """A job held until a slot or budget is given back (due now): once its hold committed, look
     whether a settlement gave one back meanwhile without seeing the hold (settlements take no
     lock, `settle`), and release what may go."""
     if eligible_at > clock.now():
         return  # it waits for a time (the next budget day, a back-off), not for a settlement
+    if reason == DeferReason.QUEUED_BEHIND:
+        # It waits behind older held work, which is released (and, when it ran, settled) under
+        # the lock or by a settlement that sees this hold: whoever frees a slot for it sees it.
+        return
 
     def wake() -> None:
         day = clock.budget_day()
@@ -338,7 +342,8 @@ def reclaim_expired() -> int:
                 # area to be sent again, so a lost message costs latency, never the job.
                 hold(envelope=Envelope(job=reservation.job, account=account_id, ref=reservation.ref),
                      queue=queue, reason=DeferReason.MESSAGE_LOST, eligible_at=clock.now())
-                wake_when_committed(account_id=account_id, queue=queue, eligible_at=clock.now())
+                wake_when_committed(account_id=account_id, queue=queue, reason=DeferReason.MESSAGE_LOST,
+                                    eligible_at=clock.now())
             elif _claim_held_by(reservation):
                 # Admitted ahead with its claim (handoff.hand_off), and its worker died before it
                 # started: undone, its run skipped, nothing charged or counted; the job, whose

@@ -14,8 +14,8 @@ from scheduling import clock, runtime
 from scheduling.envelope import Envelope
 from scheduling.holding import hold, release_due
 from scheduling.models import DeferReason, DeferredTask
-from tests.conftest import REPO, worker_env
 from scheduling.runtime import enqueue, enqueue_many
+from tests.conftest import REPO, worker_env
 
 pytestmark = pytest.mark.django_db
 
