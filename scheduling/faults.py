@@ -3,6 +3,10 @@
 
     FAIRSHARE_FAULT=<point>          the point at which the worker process kills itself (SIGKILL)
     FAIRSHARE_FAULT_MARKER=<path>    fire once: only the process that creates this file fires
+    FAIRSHARE_FAULT_RESUME=<path>    pause instead: the process waits at the point until this file
+                                     exists (at most PAUSE_MAX_S), then goes on. With the marker, a
+                                     test knows when a worker stands at the point, whatever the speed
+                                     of the machine, acts on it, then lets it go on.
 
 Points in the export job: ``before_claim`` (run admitted, export not claimed yet),
 ``after_claim``, ``mid_stream`` (after the first batch), ``after_publish`` (object stored, record
@@ -15,8 +19,11 @@ claimed for this worker, by a hand-off or a pull, with its slot taken; not yet a
 """
 import os
 import signal
+import time
 
-from scheduling.testing import FAULT, FAULT_MARKER
+from scheduling.testing import FAULT, FAULT_MARKER, FAULT_RESUME
+
+PAUSE_MAX_S = 60
 
 POINTS = frozenset({"before_claim", "after_claim", "mid_stream", "after_publish", "before_notify", "after_complete",
                     "after_settle", "before_handoff", "before_send"})
@@ -33,4 +40,9 @@ def fault_point(name: str) -> None:
             os.close(os.open(marker, os.O_CREAT | os.O_EXCL | os.O_WRONLY))
         except FileExistsError:
             return  # already fired in some process
-    os.kill(os.getpid(), signal.SIGKILL)
+    resume = os.environ.get(FAULT_RESUME.env)
+    if not resume:
+        os.kill(os.getpid(), signal.SIGKILL)
+    deadline = time.monotonic() + PAUSE_MAX_S
+    while not os.path.exists(resume) and time.monotonic() < deadline:
+        time.sleep(0.02)

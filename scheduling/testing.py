@@ -10,7 +10,7 @@ Who reads each seam:
   FAIRSHARE_CLOCK_OFFSET        -> FAIRSHARE["CLOCK_OFFSET_S"], read by scheduling/clock.py now()
   FAIRSHARE_TEST_SPEAKS_ENVELOPE_VERSION -> FAIRSHARE["SPEAKS_ENVELOPE_VERSION"], read by
                                    scheduling/envelope.py known_version() (a "newer worker")
-  FAIRSHARE_FAULT (+ _MARKER)   -> scheduling/faults.py `fault_point` (its points are listed there)
+  FAIRSHARE_FAULT (+ _MARKER, _RESUME) -> scheduling/faults.py `fault_point` (its points are listed there)
   FAIRSHARE_TEST_GATE           -> tests/jobs.py `hold_exports_worker`
   FAIRSHARE_TEST_PUBLISH_GATE   -> tests/storages.py `GatedStorage`
   FLAKY_STORAGE_FAILURES_FILE   -> tests/storages.py `FlakyStorage`
@@ -41,6 +41,9 @@ FAULT = Setting(None, "FAIRSHARE_FAULT", None, sets="`scheduling.faults`",
                 doc="the fault point at which a worker process kills itself (SIGKILL)")
 FAULT_MARKER = Setting(None, "FAIRSHARE_FAULT_MARKER", None, sets="`scheduling.faults`",
                        doc="a file path: the fault fires once, in the process that creates this file")
+FAULT_RESUME = Setting(None, "FAIRSHARE_FAULT_RESUME", None, sets="`scheduling.faults`",
+                       doc="a file path: the fault point pauses the process until this file exists (at most 60 s) "
+                           "instead of killing it")
 TEST_GATE = Setting(None, "FAIRSHARE_TEST_GATE", None, sets="`tests.jobs`",
                     doc="a file path: `tests.hold_exports_worker` runs until this file exists")
 TEST_PUBLISH_GATE = Setting(None, "FAIRSHARE_TEST_PUBLISH_GATE", None, sets="`tests.storages`",
@@ -48,7 +51,7 @@ TEST_PUBLISH_GATE = Setting(None, "FAIRSHARE_TEST_PUBLISH_GATE", None, sets="`te
 FLAKY_STORAGE_FAILURES = Setting(None, "FLAKY_STORAGE_FAILURES_FILE", None, sets="`tests.storages`",
                                  doc="a file holding how many more `FlakyStorage` saves should fail")
 
-SEAMS = (CLOCK_OFFSET, SPEAKS_ENVELOPE_VERSION, FAULT, FAULT_MARKER, TEST_GATE, TEST_PUBLISH_GATE, FLAKY_STORAGE_FAILURES)
+SEAMS = (CLOCK_OFFSET, SPEAKS_ENVELOPE_VERSION, FAULT, FAULT_MARKER, FAULT_RESUME, TEST_GATE, TEST_PUBLISH_GATE, FLAKY_STORAGE_FAILURES)
 # The seams that are FAIRSHARE keys (tests may also override them in-process with `settings`).
 SETTINGS = (CLOCK_OFFSET, SPEAKS_ENVELOPE_VERSION)
 

@@ -14,6 +14,7 @@ import tests.jobs  # noqa: F401  (registers the test jobs in this process too)
 from budgets.models import Role
 from scheduling import processes
 from scheduling.processes import Cluster
+from scheduling.testing import FAULT, FAULT_MARKER, FAULT_RESUME
 from tests import stores
 from tests.factories import AccountFactory, MembershipFactory, UserFactory
 from tests.stores import LocalStore
@@ -145,6 +146,26 @@ def export_store(request, export_root, settings, monkeypatch):
         monkeypatch.setenv(name, value)
     settings.STORAGES = {**settings.STORAGES, "exports": store.storage}
     return store
+
+
+@dataclass(frozen=True)
+class Pause:
+    """A fault point armed to pause (scheduling/faults.py): the first worker to reach it stands
+    there until the test resumes it, so a test acts mid-run however fast the machine is."""
+    marker: Path
+    resume_file: Path
+    env: dict
+
+    def reached(self) -> bool:
+        return self.marker.exists()
+
+    def resume(self) -> None:
+        self.resume_file.touch()
+
+
+def pause_at(point: str, tmp_path: Path) -> Pause:
+    marker, resume_file = tmp_path / f"paused-at-{point}", tmp_path / f"resume-{point}"
+    return Pause(marker, resume_file, {FAULT.env: point, FAULT_MARKER.env: str(marker), FAULT_RESUME.env: str(resume_file)})
 
 
 def wait_for(predicate, *, timeout: float, interval: float = 0.1, message: str = "condition"):

@@ -23,7 +23,7 @@ from exports.requests import BUILD_JOB, export_request
 from scheduling.envelope import Envelope
 from scheduling.models import DeferredTask, Outcome, TaskRun
 from scheduling.runtime import RUNNER, execute, send
-from tests.conftest import wait_for
+from tests.conftest import pause_at, wait_for
 from tests.storages import GATE_ENV
 from tests.exports.support import (
     RANGE, add_events, assert_published_once, attempts, file_ids, lease_expired, notifications,
@@ -46,14 +46,6 @@ def _recover_from_dead_worker(record, *, resend: bool) -> None:
         assert reconcile_exports() == 1
     else:
         assert reconcile_exports() == 0
-
-
-def _streaming(record, *, rows: int = 500):
-    def check():
-        record.refresh_from_db()
-        return record.status == ExportStatus.RUNNING and record.rows_written >= rows
-
-    return check
 
 
 # The crash matrix on each broker and each kind of export storage (S3: the real server scripts/test starts).
@@ -252,15 +244,19 @@ def test_lost_doorbell_is_rung_again_by_the_reconciler(
 
 
 @BROKERS_AND_STORES
-def test_cancelling_mid_stream_publishes_nothing(account, owner, broker, export_store, mail_dir, start_exports):
+def test_cancelling_mid_stream_publishes_nothing(
+    account, owner, broker, export_store, mail_dir, start_exports, tmp_path,
+):
     export_root = export_store  # local files or the S3 bucket: the support helpers read either
     rows = 20_000
     add_events(account, rows)
-    cluster = start_exports(**broker.env, **export_store.env)
+    pause = pause_at("mid_stream", tmp_path)
+    cluster = start_exports(**broker.env, **export_store.env, **pause.env)
     record, _ = export_request(account_slug="acme", user=owner, **RANGE)
-    wait_logged(cluster, _streaming(record), timeout=60, message="the export to stream")
+    wait_logged(cluster, pause.reached, timeout=60, message="the export to pause after its first batch")
 
     assert export_cancel(export_id=record.pk) == ExportStatus.RUNNING  # honoured at the next batch
+    pause.resume()
     wait_finished(record, cluster)
     assert record.status == ExportStatus.CANCELLED
     assert 0 < record.rows_written < rows  # it stopped part-way
@@ -275,22 +271,25 @@ def test_cancelling_mid_stream_publishes_nothing(account, owner, broker, export_
 
 @pytest.mark.parametrize("stop", ["graceful", "killed_after_stop_timeout"])
 def test_sigterm_mid_export_never_marks_a_partial_object_complete(
-    stop, account, owner, export_root, mail_dir, start_exports,
+    stop, account, owner, export_root, mail_dir, start_exports, tmp_path,
 ):
     """SIGTERM to the main qcluster PID lets the running export finish. When a supervisor's stop
     timeout runs out first and it SIGKILLs what is left, the export is not complete, and the next
     worker finishes it."""
     rows = 20_000
     add_events(account, rows)
-    # Killed variant: the export waits in its publish step (a gate never opened), so the stop
-    # timeout always runs out mid-export, however fast the machine.
+    # The SIGTERM lands while the export stands paused after its first batch, however fast the
+    # machine. Killed variant: it then waits in its publish step (a gate never opened), so the
+    # stop timeout always runs out mid-export.
+    pause = pause_at("mid_stream", tmp_path)
     held = {} if stop == "graceful" else {
         "FAIRSHARE_EXPORTS_STORAGE_BACKEND": GATED_STORAGE, GATE_ENV: str(export_root.parent / "never-opened")}
-    cluster = start_exports(**held)
+    cluster = start_exports(**held, **pause.env)
     record, _ = export_request(account_slug="acme", user=owner, **RANGE)
-    wait_logged(cluster, _streaming(record), timeout=60, message="the export to stream")
+    wait_logged(cluster, pause.reached, timeout=60, message="the export to pause after its first batch")
 
     cluster.proc.send_signal(signal.SIGTERM)  # the main PID only
+    pause.resume()
     try:
         cluster.proc.wait(90 if stop == "graceful" else 1)
     except subprocess.TimeoutExpired:

@@ -16,6 +16,7 @@ from scheduling.envelope import Envelope
 from scheduling.retries import RetryPolicy
 from scheduling.models import DeferReason, DeferredTask, Outcome, TaskRun
 from scheduling.runtime import execute
+from tests.conftest import pause_at
 from tests.exports.support import (
     RANGE, add_events, assert_published_once, attempts, notifications, stored_files, wait_finished, wait_logged,
     wait_runs_settled,
@@ -69,15 +70,19 @@ def _terminate(where: str, params: list) -> int:
 
 @pytest.mark.parametrize("dropped", ["all_worker_connections", "streaming_reader"])
 def test_database_connection_dropped_mid_export_is_retried_and_succeeds(
-    dropped, account, owner, export_root, mail_dir, start_exports,
+    dropped, account, owner, export_root, mail_dir, start_exports, tmp_path,
 ):
-    # Large enough that PostgreSQL is still sending the COPY when its connection is terminated.
+    # Large enough that PostgreSQL is still sending the COPY while the worker stands paused after
+    # its first batch: the socket buffers between them do not hold the rest.
     rows = 100_000
     add_events(account, rows)
-    cluster = start_exports(FAIRSHARE_EXPORT_BATCH_ROWS="1000")
+    pause = pause_at("mid_stream", tmp_path)
+    cluster = start_exports(FAIRSHARE_EXPORT_BATCH_ROWS="1000", **pause.env)
     record, _ = export_request(account_slug="acme", user=owner, **RANGE)
 
-    reader = wait_logged(cluster, _streaming_backend, timeout=60, message="the export to stream")
+    wait_logged(cluster, pause.reached, timeout=60, message="the export to pause after its first batch")
+    reader = _streaming_backend()
+    assert reader is not None, "the COPY is no longer streaming"
     first = TaskRun.objects.get(job=BUILD_JOB, ref=str(record.pk))
     if dropped == "streaming_reader":
         assert _terminate("pid = %s", [reader]) == 1
@@ -85,6 +90,7 @@ def test_database_connection_dropped_mid_export_is_retried_and_succeeds(
         worker_pid = int(first.worker.rsplit(":", 1)[1])
         # The task's connection, its streaming reader, its watcher's and its pulse's.
         assert _terminate("client_port = ANY(%s)", [sorted(_tcp_ports_of(worker_pid))]) >= 2
+    pause.resume()
 
     wait_finished(record, cluster, timeout=90)
     assert wait_runs_settled(record, cluster) == [Outcome.RETRYING, Outcome.SUCCEEDED]
