@@ -1,10 +1,11 @@
 """Writes of the scheduling app: task runs and maintenance. (The holding area: scheduling.holding.)"""
 import datetime as dt
+import functools
 import os
 import socket
 
 from django.conf import settings
-from django.db import connection, transaction
+from django.db import DEFAULT_DB_ALIAS, connection, connections, transaction
 from django.db.models import Count, F, Q, Sum
 from django.db.models.functions import Coalesce, Now, TruncDate
 from django.utils import timezone
@@ -105,12 +106,22 @@ def task_run_insert_sql(run: TaskRun, *, source: str = "", taken: dict[str, str]
     `taken` are SQL expressions over it (e.g. the job and ref a claim returned)."""
     run.started_at = timezone.now()
     taken = taken or {}
+    sql, fields = _task_run_insert(source, tuple(taken.items()))
+    db = connections[DEFAULT_DB_ALIAS]  # not the proxy: each field's preparation asks it again
+    return sql, [f.get_db_prep_save(f.pre_save(run, True), db) for f in fields]
+
+
+@functools.cache
+def _task_run_insert(source: str, taken: tuple[tuple[str, str], ...]) -> tuple[str, tuple]:
+    """The INSERT's SQL and the fields its parameters are, made once per shape: this runs at the
+    start of every account's task."""
+    taken_sql = dict(taken)
     fields = [f for f in TaskRun._meta.concrete_fields if not f.primary_key]
-    values = [taken.get(f.name, "%s") for f in fields]
-    params = [f.get_db_prep_save(f.pre_save(run, True), connection) for f in fields if f.name not in taken]
+    values = [taken_sql.get(f.name, "%s") for f in fields]
     columns = ", ".join(connection.ops.quote_name(f.column) for f in fields)
     rows = f"SELECT {', '.join(values)} FROM {source}" if source else f"VALUES ({', '.join(values)})"
-    return f"INSERT INTO {TaskRun._meta.db_table} ({columns}) {rows} RETURNING {TaskRun._meta.pk.column}", params
+    sql = f"INSERT INTO {TaskRun._meta.db_table} ({columns}) {rows} RETURNING {TaskRun._meta.pk.column}"
+    return sql, tuple(f for f in fields if f.name not in taken_sql)
 
 
 def task_run_finished_sql(*, run_id_sql: str, meter: Meter, outcome: str | None = None, items: int = 0,
@@ -124,9 +135,13 @@ def task_run_finished_sql(*, run_id_sql: str, meter: Meter, outcome: str | None 
     if outcome is not None:
         error_class, error_message = describe_error(error) if error is not None else ("", "")
         values.update(outcome=outcome, items=items, error_class=error_class, error_message=error_message)
-    assignments = ", ".join(f"{connection.ops.quote_name(column)} = %s" for column in values)
-    return (f"UPDATE {TaskRun._meta.db_table} SET {assignments} WHERE {TaskRun._meta.pk.column} = {run_id_sql}",
-            list(values.values()))
+    return _task_run_finished(tuple(values), run_id_sql), list(values.values())
+
+
+@functools.cache
+def _task_run_finished(columns: tuple[str, ...], run_id_sql: str) -> str:
+    assignments = ", ".join(f"{connection.ops.quote_name(column)} = %s" for column in columns)
+    return f"UPDATE {TaskRun._meta.db_table} SET {assignments} WHERE {TaskRun._meta.pk.column} = {run_id_sql}"
 
 
 def task_run_mark_lost(*, run_id: int, cpu_ms: int, reason: str) -> bool:
