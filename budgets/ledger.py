@@ -67,11 +67,15 @@ _AFTER_SQL = """b.cpu_seconds_per_day, b.max_concurrent, c.id, c.day, c.cpu_used
     AND x.status = %s AND x.id <> r.id)""".format(reservation=Reservation._meta.db_table,
                                                   paused=COVERED_SQL.format(account="b.account_id", queue="b.queue"))
 # The whole settlement's ledger in one statement (the WITH parts see one snapshot, taken after the
-# caller's lock was granted; the UPDATEs read the deleted row through `r`).
-_SETTLE_SQL = (f"WITH r AS ({_DELETE_SQL}), "
-               f"c AS ({_CHARGE_SQL.format(r='r')} RETURNING u.id, u.day, u.cpu_used_ms, u.cpu_reserved_ms), "
-               f"t AS ({{run}}) SELECT r.task_run_id, r.status, {_FLAGS_SQL}, {_AFTER_SQL} "
-               f"FROM r LEFT JOIN c ON TRUE JOIN {Budget._meta.db_table} b ON b.account_id = %s AND b.queue = %s")
+# caller's lock was granted; the UPDATEs read the deleted row through `r`). Only a settlement under
+# the lock reads the standing after it: the slot counts read every slot of the account, its whole
+# backlog in the broker, and the lock-free settlement has no use for them.
+_SETTLE_WITH = (f"WITH r AS ({_DELETE_SQL}), "
+                f"c AS ({_CHARGE_SQL.format(r='r')} RETURNING u.id, u.day, u.cpu_used_ms, u.cpu_reserved_ms), "
+                f"t AS ({{run}}) ")
+_SETTLE_SQL = _SETTLE_WITH + f"SELECT r.task_run_id, r.status, {_FLAGS_SQL} FROM r"
+_SETTLE_AND_READ_SQL = (_SETTLE_WITH + f"SELECT r.task_run_id, r.status, {_FLAGS_SQL}, {_AFTER_SQL} FROM r "
+                        f"LEFT JOIN c ON TRUE JOIN {Budget._meta.db_table} b ON b.account_id = %s AND b.queue = %s")
 _RUN_OF_R = "(SELECT task_run_id FROM r)"
 
 
@@ -157,11 +161,13 @@ class Charged:
 
 
 def charge(*, reservation_id: int, account_id: int, queue: str, meter: Meter, cap_hit: bool,
-           now: dt.datetime, finished: Callable[[str], tuple[str, list]]) -> Charged | None:
+           now: dt.datetime, finished: Callable[[str], tuple[str, list]], read_after: bool = False) -> Charged | None:
     """Delete the reservation, charge the run's figures to its day and record them on its run
     (`finished(run_id_sql)`: scheduling.services.task_run_finished_sql); None when it was settled
     already (exactly once: the second settlement finds no reservation). Atomic on its own (one
-    statement; elsewhere its parts in one transaction), so it needs no caller's transaction."""
+    statement; elsewhere its parts in one transaction), so it needs no caller's transaction.
+    With `read_after` (a caller holding the lock) it reads the account's standing after it too,
+    on PostgreSQL in the same statement (`Charged.after`)."""
     now = connection.ops.adapt_datetimefield_value(now)
     cpu, active = meter.cpu_ms, ReservationStatus.ACTIVE
     set_params = [cpu, cpu, active, active, meter.wall_ms, round(meter.db_wait_ms), round(meter.storage_wait_ms),
@@ -170,10 +176,16 @@ def charge(*, reservation_id: int, account_id: int, queue: str, meter: Meter, ca
     with db.cursor() as cursor:
         if connection.vendor == "postgresql":
             run_sql, run_params = finished(_RUN_OF_R)
-            cursor.execute(_SETTLE_SQL.format(run=run_sql), [
-                reservation_id, *set_params, *where_params, *run_params, *flag_params,
-                *standing.IN_FLIGHT, ReservationStatus.ACTIVE, *where_params,
-            ])
+            params = [reservation_id, *set_params, *where_params, *run_params, *flag_params]
+            if not read_after:
+                cursor.execute(_SETTLE_SQL.format(run=run_sql), params)
+                row = cursor.fetchone()
+                if row is None:
+                    return None
+                task_run_id, status, held, waiting = row
+                return Charged(task_run_id, status == active, held=bool(held), waiting=bool(waiting))
+            cursor.execute(_SETTLE_AND_READ_SQL.format(run=run_sql),
+                           [*params, *standing.IN_FLIGHT, ReservationStatus.ACTIVE, *where_params])
             row = cursor.fetchone()
             if row is None:
                 return None

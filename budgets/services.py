@@ -251,7 +251,7 @@ def _settle_locked(
     with transaction.atomic():
         _lock(account_id=account_id, queue=queue)
         charged = ledger.charge(reservation_id=reservation_id, account_id=account_id, queue=queue, meter=meter,
-                                cap_hit=cap_hit, now=now, finished=finished)
+                                cap_hit=cap_hit, now=now, finished=finished, read_after=True)
         if charged is None:
             return None
 

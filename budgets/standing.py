@@ -40,7 +40,7 @@ class Standing:
     usage_id: int | None
     cpu_used_ms: int
     cpu_reserved_ms: int
-    in_flight: int  # slots taken: dispatched or running
+    in_flight: int | None  # slots taken: dispatched or running (None: not counted, the job has a slot of its own)
     active: int  # running
     held: bool  # anything in the holding area on this queue
     own_slot: int | None = None  # the job's own dispatched Reservation, when asked for a job
@@ -53,6 +53,8 @@ class Standing:
 
     @property
     def free_slots(self) -> int:
+        if self.in_flight is None:
+            raise ValueError("slots were not counted: the standing was read for a job that holds a slot of its own")
         return self.max_concurrent - self.in_flight
 
 
@@ -63,21 +65,27 @@ HELD_SQL = (f"EXISTS (SELECT 1 FROM {DeferredTask._meta.db_table} d "
 
 # One hand-written statement (for PostgreSQL and SQLite alike): it runs at the start of
 # every task, and building the same query through the ORM cost more CPU than running it.
+# A job's own dispatched slot is found through its (job, ref) (in index `reservation_slots`). The
+# slots taken are counted only for a job without one: a count reads every slot of the account, its
+# whole backlog in the broker, and a job with a slot of its own never asks for a free one (CASE
+# evaluates the count only then).
+_OWN_SLOT_SQL = """(SELECT MIN(r.id) FROM {reservation} r
+         WHERE r.account_id = b.account_id AND r.queue = b.queue AND r.status = %s AND r.job = %s AND r.ref = %s)
+""".format(reservation=Reservation._meta.db_table)
 _STATE_SQL = """
 SELECT b.cpu_seconds_per_day, b.max_concurrent, u.id, COALESCE(u.cpu_used_ms, 0), COALESCE(u.cpu_reserved_ms, 0),
-       (SELECT COUNT(*) FROM {reservation} r
-         WHERE r.account_id = b.account_id AND r.queue = b.queue AND r.status IN (%s, %s)),
+       CASE WHEN {own} IS NULL THEN (SELECT COUNT(*) FROM {reservation} r
+         WHERE r.account_id = b.account_id AND r.queue = b.queue AND r.status IN (%s, %s)) END,
        (SELECT COUNT(*) FROM {reservation} r
          WHERE r.account_id = b.account_id AND r.queue = b.queue AND r.status = %s),
        {held},
-       (SELECT MIN(r.id) FROM {reservation} r
-         WHERE r.account_id = b.account_id AND r.queue = b.queue AND r.status = %s AND r.job = %s AND r.ref = %s),
+       {own},
        {paused}, {claimed}
   FROM {budget} b
   LEFT JOIN {usage} u ON u.account_id = b.account_id AND u.queue = b.queue AND u.day = %s
  WHERE b.account_id = %s AND b.queue = %s
 """.format(reservation=Reservation._meta.db_table, held=HELD_SQL.format(account="b.account_id", queue="b.queue"),
-           budget=Budget._meta.db_table, usage=UsageDay._meta.db_table,
+           own=_OWN_SLOT_SQL, budget=Budget._meta.db_table, usage=UsageDay._meta.db_table,
            paused=COVERED_SQL.format(account="b.account_id", queue="b.queue"), claimed=CLAIM_HELD_SQL)
 
 
@@ -86,16 +94,18 @@ def read(
 ) -> Standing | None:
     """The budget, today's usage, the slots taken, whether work is held and (given an envelope)
     the slot that job was dispatched with and whether worker `claim` still holds its claim on it,
-    in one query.
+    in one query. For a job that holds a slot of its own the slots taken are not counted
+    (`in_flight` is None): the cap on running jobs (`active`) is all its admission checks.
 
     Run after the Budget row lock was taken (`lock`), in a statement of its own, it sees
     everything committed before the lock was granted (READ COMMITTED: a new snapshot per statement).
     """
     job, ref = (envelope.job, envelope.ref) if envelope is not None else ("", "")
     with db.cursor() as cursor:
+        own_slot = [ReservationStatus.DISPATCHED, job, ref]
         cursor.execute(_STATE_SQL, [
-            ReservationStatus.DISPATCHED, ReservationStatus.ACTIVE, ReservationStatus.ACTIVE,
-            ReservationStatus.DISPATCHED, job, ref, job, ref, claim, day.isoformat(), account_id, queue,
+            *own_slot, ReservationStatus.DISPATCHED, ReservationStatus.ACTIVE, ReservationStatus.ACTIVE,
+            *own_slot, job, ref, claim, day.isoformat(), account_id, queue,
         ])
         row = cursor.fetchone()
     if row is None:

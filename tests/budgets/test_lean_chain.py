@@ -1,6 +1,7 @@
 """The lean chain: an account's run is recorded by its admission, in the same transaction as its
 slot, and completed by its settlement; what happens to that record when the admission fails after
 making it; and what a run and a hand-off cost in statements (counts, not timings)."""
+import json
 import select
 
 import psycopg
@@ -8,7 +9,7 @@ import pytest
 from django.db import connection
 from django.test.utils import CaptureQueriesContext
 
-from budgets import clock
+from budgets import clock, standing
 from budgets.models import Budget, Reservation, UsageDay
 from scheduling.envelope import Envelope
 from scheduling.models import DeferredTask, Outcome, TaskRun
@@ -159,3 +160,45 @@ def test_a_task_spares_the_health_check_ping_only_while_its_connection_is_quiet(
     execute(Envelope(job="tests.noop", account=account.pk, ref="quiet/after-terminate").to_message())
     assert TaskRun.objects.get(ref="quiet/after-terminate").outcome == Outcome.SUCCEEDED
     assert connection.connection.info.backend_pid != pid
+
+
+def _reservation_rows_read(sql: str) -> int:
+    """Rows the statement reads from budgets_reservation (EXPLAIN ANALYZE: rows each scan of the
+    table returned plus those its filter removed, over all its loops)."""
+    with connection.cursor() as cursor:
+        cursor.execute("EXPLAIN (ANALYZE, FORMAT JSON) " + sql)
+        plan = cursor.fetchone()[0]
+    plan = (json.loads(plan) if isinstance(plan, str) else plan)[0]["Plan"]
+
+    def walk(node) -> int:
+        own = 0
+        if node.get("Relation Name") == Reservation._meta.db_table:
+            own = (node.get("Actual Rows", 0) + node.get("Rows Removed by Filter", 0)) * node.get("Actual Loops", 1)
+        return own + sum(walk(child) for child in node.get("Plans", []))
+
+    return walk(plan)
+
+
+def test_a_start_does_not_read_the_accounts_backlog(account):
+    """A job's own dispatched slot is found by its (job, ref); the slots taken are counted only for
+    a job without one. With 300 of the account's jobs dispatched, the admission's state read of a
+    job holding its slot reads a row or two of them; a job without one still counts them all."""
+    Budget.objects.create(account=account, queue="default", cpu_seconds_per_day=10**6, max_concurrent=1000)
+    enqueue_many(job="tests.noop", work=[(account.pk, f"backlog/{i}") for i in range(300)])
+    day = clock.budget_day()
+
+    def state_read(ref: str):
+        envelope = Envelope(job="tests.noop", account=account.pk, ref=ref)
+        state = standing.read(account_id=account.pk, queue="default", day=day, envelope=envelope)
+        with CaptureQueriesContext(connection) as queries:
+            standing.read(account_id=account.pk, queue="default", day=day, envelope=envelope)
+        sql = queries.captured_queries[-1]["sql"]  # as sent, its parameters in place
+        return state, _reservation_rows_read(sql)
+
+    own, rows_read = state_read("backlog/150")
+    assert own.own_slot is not None and own.in_flight is None
+    assert rows_read <= 2
+
+    other, rows_read = state_read("not-dispatched")
+    assert other.own_slot is None and other.in_flight == 300 and other.free_slots == 700
+    assert rows_read >= 300
