@@ -61,9 +61,10 @@ def releasable(state: Standing) -> int:
     return max(0, state.free_slots)
 
 
-def release(*, account_id: int, queue: str, state: Standing, limit: int, day: dt.date) -> int:
-    """Send the account's oldest due held jobs into its free slots (each dispatched)."""
-    limit = min(limit, releasable(state))
+def release(*, account_id: int, queue: str, state: Standing, day: dt.date, limit: int | None = None) -> int:
+    """Send the account's oldest due held jobs into its free slots (each dispatched): as many as
+    its standing lets go (`releasable`), at most `limit`."""
+    limit = releasable(state) if limit is None else min(limit, releasable(state))
     if limit <= 0:
         return 0
     released = release_oldest(account_id=account_id, queue=queue, limit=limit)

@@ -62,11 +62,17 @@ def _locked_state(
     return standing.read(account_id=account_id, queue=queue, day=day, envelope=envelope, claim=claim)
 
 
+def _hold_and_wake(*, envelope: Envelope, queue: str, reason: str, eligible_at: dt.datetime) -> None:
+    """Put one job on hold; once that committed, look whether what it waits for came meanwhile
+    (`wake_when_committed`)."""
+    hold(envelope=envelope, queue=queue, reason=reason, eligible_at=eligible_at)
+    wake_when_committed(account_id=envelope.account, queue=queue, reason=reason, eligible_at=eligible_at)
+
+
 def _hold(
     *, envelope: Envelope, queue: str, state: Standing, day: dt.date, reason: str, eligible_at: dt.datetime,
 ) -> None:
-    hold(envelope=envelope, queue=queue, reason=reason, eligible_at=eligible_at)
-    wake_when_committed(account_id=envelope.account, queue=queue, reason=reason, eligible_at=eligible_at)
+    _hold_and_wake(envelope=envelope, queue=queue, reason=reason, eligible_at=eligible_at)
     usage_id = standing.usage_id(state, account_id=envelope.account, queue=queue, day=day)
     UsageDay.objects.filter(pk=usage_id).update(deferrals=F("deferrals") + 1)
 
@@ -266,8 +272,7 @@ def _settle_locked(
                 reason, eligible_at = DeferReason.BUDGET_RESERVED, now
             else:
                 reason, eligible_at = standing.out_of_budget(state, now)
-            hold(envelope=envelope, queue=queue, reason=reason, eligible_at=eligible_at)
-            wake_when_committed(account_id=account_id, queue=queue, reason=reason, eligible_at=eligible_at)
+            _hold_and_wake(envelope=envelope, queue=queue, reason=reason, eligible_at=eligible_at)
             state = replace(state, held=True)
         elif charged.was_active and charged.held:
             state = standing_now()
@@ -313,7 +318,7 @@ def wake_when_committed(*, account_id: int, queue: str, reason: str, eligible_at
 def _release_locked(*, account_id: int, queue: str, day: dt.date) -> int:
     with transaction.atomic():
         state = _locked_state(account_id=account_id, queue=queue, day=day)
-        return handoff.release(account_id=account_id, queue=queue, state=state, limit=state.free_slots, day=day)
+        return handoff.release(account_id=account_id, queue=queue, state=state, day=day)
 
 
 def reclaim_expired() -> int:
@@ -340,10 +345,8 @@ def reclaim_expired() -> int:
                 reservation.delete()  # if the message turns up after all, admission checks it again
                 # Its message was lost (Redis delivers at most once): the job waits in the holding
                 # area to be sent again, so a lost message costs latency, never the job.
-                hold(envelope=Envelope(job=reservation.job, account=account_id, ref=reservation.ref),
-                     queue=queue, reason=DeferReason.MESSAGE_LOST, eligible_at=clock.now())
-                wake_when_committed(account_id=account_id, queue=queue, reason=DeferReason.MESSAGE_LOST,
-                                    eligible_at=clock.now())
+                _hold_and_wake(envelope=Envelope(job=reservation.job, account=account_id, ref=reservation.ref),
+                               queue=queue, reason=DeferReason.MESSAGE_LOST, eligible_at=clock.now())
             elif _claim_held_by(reservation):
                 # Admitted ahead with its claim (handoff.hand_off), and its worker died before it
                 # started: undone, its run skipped, nothing charged or counted; the job, whose
