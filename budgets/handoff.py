@@ -178,6 +178,29 @@ def _waiting_params(queue: str) -> list:
     return [queue, ReservationStatus.DISPATCHED, connection.ops.adapt_datetimefield_value(since)]
 
 
+def pass_on(*, queue: str, worker: str, day: dt.date) -> ledger.PassOn | None:
+    """What a lock-free settlement needs to pass its slot on itself, in its own statement
+    (`ledger.charge`), to the account's oldest eligible held job for `worker`: on PostgreSQL, and
+    unless a job sent to the broker on the queue waits (as `hand_off`). None elsewhere: there the
+    settlement hands off under the lock."""
+    if connection.vendor != "postgresql":
+        return None
+    return ledger.PassOn(worker=worker, day=day, lease_s=settings.FAIRSHARE["HANDOFF_CLAIM_LEASE_S"],
+                         unless=(f"EXISTS ({_WAITING_IN_BROKER})", _waiting_params(queue)))
+
+
+def passed_on(passed: ledger.Passed, *, account_id: int) -> Handoff:
+    """The job a settlement passed its slot on to, for its worker to run next (already admitted:
+    it only starts, `services.start_admitted`). A job that estimates more than the slot kept
+    reserves the rest when its account has that much left (else its watcher asks as it runs)."""
+    reserved = passed.reserved_ms
+    more = get_job(passed.job).cpu_estimate_ms - reserved
+    if more > 0 and ledger.reserve_if_left(reservation_id=passed.reservation_id, usage_id=passed.usage_id, ms=more):
+        reserved += more
+    return Handoff(Envelope(job=passed.job, account=account_id, ref=passed.ref), run=passed.run,
+                   admission=Admitted(passed.reservation_id, reserved))
+
+
 def pull(*, queue: str, worker: str) -> Handoff | None:
     """Claim one eligible held job of `queue` for `worker` into a free slot, in fair order."""
     now = clock.now()

@@ -17,6 +17,7 @@ import datetime as dt
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from django.conf import settings
 from django.db import connection, transaction
 from django.utils import timezone
 
@@ -26,7 +27,7 @@ from budgets.standing import Standing
 from scheduling import db
 from scheduling.envelope import Envelope
 from scheduling.metering import Meter
-from scheduling.holding import claim_complete_sql
+from scheduling.holding import claim_complete_sql, claim_oldest_sql
 from scheduling.pausing import COVERED_SQL
 from scheduling.models import DeferredTask, TaskRun
 from scheduling.services import task_run_insert_sql
@@ -42,7 +43,7 @@ RETURNING task_run_id, day, status, cpu_reserved_ms, cpu_charged_ms, id
 _CHARGE_SQL = """
 UPDATE {usage} AS u
    SET cpu_used_ms = u.cpu_used_ms + CASE WHEN %s > r.cpu_charged_ms THEN %s - r.cpu_charged_ms ELSE 0 END,
-       cpu_reserved_ms = u.cpu_reserved_ms - CASE WHEN r.status = %s THEN r.cpu_reserved_ms ELSE 0 END,
+       cpu_reserved_ms = u.cpu_reserved_ms - CASE WHEN r.status = %s THEN r.cpu_reserved_ms ELSE 0 END{{kept}},
        runs = u.runs + CASE WHEN r.status = %s THEN 1 ELSE 0 END,
        wall_ms = u.wall_ms + %s, db_wait_ms = u.db_wait_ms + %s, storage_wait_ms = u.storage_wait_ms + %s,
        cap_hits = u.cap_hits + %s
@@ -71,12 +72,43 @@ _AFTER_SQL = """b.cpu_seconds_per_day, b.max_concurrent, c.id, c.day, c.cpu_used
 # the lock reads the standing after it: the slot counts read every slot of the account, its whole
 # backlog in the broker, and the lock-free settlement has no use for them.
 _SETTLE_WITH = (f"WITH r AS ({_DELETE_SQL}), "
-                f"c AS ({_CHARGE_SQL.format(r='r')} RETURNING u.id, u.day, u.cpu_used_ms, u.cpu_reserved_ms), "
+                f"c AS ({_CHARGE_SQL.format(r='r', kept='')} RETURNING u.id, u.day, u.cpu_used_ms, u.cpu_reserved_ms), "
                 f"t AS ({{run}}) ")
 _SETTLE_SQL = _SETTLE_WITH + f"SELECT r.task_run_id, r.status, {_FLAGS_SQL} FROM r"
 _SETTLE_AND_READ_SQL = (_SETTLE_WITH + f"SELECT r.task_run_id, r.status, {_FLAGS_SQL}, {_AFTER_SQL} FROM r "
                         f"LEFT JOIN c ON TRUE JOIN {Budget._meta.db_table} b ON b.account_id = %s AND b.queue = %s")
 _RUN_OF_R = "(SELECT task_run_id FROM r)"
+
+# A lock-free settlement that passes its slot on (PostgreSQL, `charge` with a `PassOn`): the same
+# statement claims the account's oldest eligible held job (`h`: scheduling.holding.claim_oldest_sql,
+# whose condition is `_PASS_ON_IF`), inserts its slot, active, with what is left of the run's
+# reservation (`n`, `_KEPT_SQL`: at most a step) and its run's record (`s`), and unreserves only
+# the rest (`c`). It needs no lock: its slots taken and running, and the account's used + reserved
+# CPU, never grow (a slot goes, one comes; what is kept was reserved already), so nothing it does
+# can pass a cap that an admission under the lock checked. The statement's snapshot serves only
+# to refuse: a run of another day, a reservation with too little left, a pause, more running than
+# the cap allows now (an operator lowered it: the slot is then freed, not passed on).
+_KEPT_SQL = "LEAST(r.cpu_reserved_ms - %s, %s)"
+_PASS_ON_IF = """(EXISTS (SELECT 1 FROM r WHERE r.status = %s AND r.day = %s AND r.cpu_charged_ms = 0
+                     AND r.cpu_reserved_ms - %s >= %s)
+  AND NOT {paused}
+  AND (SELECT COUNT(*) FROM {reservation} x WHERE x.account_id = %s AND x.queue = %s AND x.status = %s
+         AND x.id <> (SELECT id FROM r))
+    < (SELECT b.max_concurrent FROM {budget} b WHERE b.account_id = %s AND b.queue = %s))""".format(
+    paused=COVERED_SQL.format(account="%s", queue="%s"), reservation=Reservation._meta.db_table,
+    budget=Budget._meta.db_table)
+_PASS_ON_SLOT_COLUMNS = ("account_id", "queue", "day", "status", "lease_expires_at", "created_at", "worker",
+                         "job", "ref", "cpu_reserved_ms", "cpu_reported_ms", "cpu_charged_ms", "task_run_id")
+_SETTLE_AND_PASS_ON_SQL = (
+    f"WITH r AS ({_DELETE_SQL}), h AS ({{claim}}), "
+    f"c AS ({_CHARGE_SQL.format(r='r', kept=f' + CASE WHEN EXISTS (SELECT 1 FROM h) THEN {_KEPT_SQL} ELSE 0 END')}"
+    " RETURNING u.id), "
+    "t AS ({run}), s AS ({new_run}), "
+    f"n AS (INSERT INTO {Reservation._meta.db_table} ({', '.join(_PASS_ON_SLOT_COLUMNS)}) "
+    f"SELECT %s, %s, r.day, %s, %s, %s, %s, h.job, h.ref, {_KEPT_SQL}, 0, 0, (SELECT id FROM s) FROM h, r "
+    "RETURNING job, ref, id, task_run_id, cpu_reserved_ms) "
+    f"SELECT r.task_run_id, r.status, {_FLAGS_SQL}, n.job, n.ref, n.id, n.task_run_id, n.cpu_reserved_ms, "
+    "(SELECT id FROM c) FROM r LEFT JOIN n ON TRUE")
 
 
 _RESERVE_SQL = f"UPDATE {UsageDay._meta.db_table} SET cpu_reserved_ms = cpu_reserved_ms + %s WHERE id = %s"
@@ -158,20 +190,51 @@ class Charged:
     waiting: bool  # held work of the queue waits for a worker
     after: Standing | None = None  # the account's standing on `day` after it, when read with it
     day: dt.date | None = None
+    passed: "Passed | None" = None  # the held job its slot was passed on to (`PassOn`)
+
+
+@dataclass(frozen=True)
+class PassOn:
+    """Asks a lock-free settlement (`charge`) to pass the run's slot on to its account's oldest
+    eligible held job, claimed for `worker` for `lease_s` (until it starts: `start_claimed`),
+    unless the SQL condition `unless` holds (budgets.handoff: a job sent to the broker waits)."""
+
+    worker: str
+    day: dt.date  # today: a run charged to another day frees its slot instead
+    lease_s: float
+    unless: tuple[str, list]
+
+
+@dataclass(frozen=True)
+class Passed:
+    """The held job a settlement passed its slot on to, admitted: its slot (active, with `reserved_ms`
+    of the run's reservation kept for it, on the day's usage row `usage_id`) and its run, recorded."""
+
+    job: str
+    ref: str
+    reservation_id: int
+    run: TaskRun
+    reserved_ms: int
+    usage_id: int
 
 
 def charge(*, reservation_id: int, account_id: int, queue: str, meter: Meter, cap_hit: bool,
-           now: dt.datetime, finished: Callable[[str], tuple[str, list]], read_after: bool = False) -> Charged | None:
+           now: dt.datetime, finished: Callable[[str], tuple[str, list]], read_after: bool = False,
+           pass_on: PassOn | None = None) -> Charged | None:
     """Delete the reservation, charge the run's figures to its day and record them on its run
     (`finished(run_id_sql)`: scheduling.services.task_run_finished_sql); None when it was settled
     already (exactly once: the second settlement finds no reservation). Atomic on its own (one
     statement; elsewhere its parts in one transaction), so it needs no caller's transaction.
     With `read_after` (a caller holding the lock) it reads the account's standing after it too,
-    on PostgreSQL in the same statement (`Charged.after`)."""
+    on PostgreSQL in the same statement (`Charged.after`). With `pass_on` (PostgreSQL, no lock) it
+    passes the run's slot on in the same statement when it may (`_SETTLE_AND_PASS_ON_SQL`:
+    `Charged.passed`), else frees it as without."""
+    if pass_on is not None and connection.vendor == "postgresql":
+        return _charge_and_pass_on(reservation_id=reservation_id, account_id=account_id, queue=queue, meter=meter,
+                                   cap_hit=cap_hit, now=now, finished=finished, pass_on=pass_on)
     now = connection.ops.adapt_datetimefield_value(now)
-    cpu, active = meter.cpu_ms, ReservationStatus.ACTIVE
-    set_params = [cpu, cpu, active, active, meter.wall_ms, round(meter.db_wait_ms), round(meter.storage_wait_ms),
-                  1 if cap_hit else 0]
+    active = ReservationStatus.ACTIVE
+    set_params = _settle_params(meter, cap_hit, [])
     where_params, flag_params = [account_id, queue], [account_id, queue, queue, now, now]
     with db.cursor() as cursor:
         if connection.vendor == "postgresql":
@@ -201,7 +264,7 @@ def charge(*, reservation_id: int, account_id: int, queue: str, meter: Meter, ca
             if row is None:
                 return None
             task_run_id, day, status, reserved_ms, charged_ms, _ = row
-            cursor.execute(_CHARGE_SQL.format(r=_R_VALUES),
+            cursor.execute(_CHARGE_SQL.format(r=_R_VALUES, kept=''),
                            [*set_params, day, status, reserved_ms, charged_ms, *where_params])
             if task_run_id:
                 run_sql, run_params = finished("%s")
@@ -209,6 +272,62 @@ def charge(*, reservation_id: int, account_id: int, queue: str, meter: Meter, ca
             cursor.execute(f"SELECT {_FLAGS_SQL}", flag_params)
             held, waiting = cursor.fetchone()
     return Charged(task_run_id, status == active, held=bool(held), waiting=bool(waiting))
+
+
+def _settle_params(meter: Meter, cap_hit: bool, kept: list) -> list:
+    """The parameters of _CHARGE_SQL's SET, with those of what it keeps (`kept`: [] or _KEPT_SQL's)."""
+    cpu, active = meter.cpu_ms, ReservationStatus.ACTIVE
+    return [cpu, cpu, active, *kept, active, meter.wall_ms, round(meter.db_wait_ms), round(meter.storage_wait_ms),
+            1 if cap_hit else 0]
+
+
+def _charge_and_pass_on(*, reservation_id: int, account_id: int, queue: str, meter: Meter, cap_hit: bool,
+                        now: dt.datetime, finished: Callable[[str], tuple[str, list]], pass_on: PassOn) -> Charged | None:
+    """`charge` that passes the slot on (`_SETTLE_AND_PASS_ON_SQL`), in one statement."""
+    ops, active = connection.ops, ReservationStatus.ACTIVE
+    step = settings.FAIRSHARE["RESERVATION_STEP_MS"]
+    kept = [meter.cpu_ms, step]  # _KEPT_SQL's
+    # It keeps at least half a step, or frees the slot: a run's watcher asks for more below that.
+    unless_sql, unless_params = pass_on.unless
+    condition = (f"({unless_sql} OR NOT {_PASS_ON_IF})" if unless_sql else f"NOT {_PASS_ON_IF}",
+                 [*unless_params, active, ops.adapt_datefield_value(pass_on.day), meter.cpu_ms, max(1, step // 2),
+                  account_id, queue, queue, account_id, queue, active, account_id, queue])
+    claim_sql, claim_params = claim_oldest_sql(account_id=account_id, queue=queue, worker=pass_on.worker,
+                                               lease_s=pass_on.lease_s, unless=condition)
+    run_sql, run_params = finished(_RUN_OF_R)  # first: the next run starts when (not before) this one ended
+    run = TaskRun(account_id=account_id, queue=queue, worker=pass_on.worker)
+    new_run_sql, new_run_params = task_run_insert_sql(run, source="h", taken={"job": "h.job", "ref": "h.ref"})
+    lease, now = (ops.adapt_datetimefield_value(now + dt.timedelta(seconds=pass_on.lease_s)),
+                  ops.adapt_datetimefield_value(now))
+    with db.cursor() as cursor:
+        cursor.execute(_SETTLE_AND_PASS_ON_SQL.format(claim=claim_sql, run=run_sql, new_run=new_run_sql), [
+            reservation_id, *claim_params, *_settle_params(meter, cap_hit, kept), account_id, queue, *run_params,
+            *new_run_params, account_id, queue, active, lease, now, pass_on.worker, *kept,
+            account_id, queue, queue, now, now,
+        ])
+        row = cursor.fetchone()
+    if row is None:
+        return None
+    task_run_id, status, held, waiting, job, ref, slot_id, run.pk, reserved_ms, usage_id = row
+    passed = None
+    if job is not None:
+        run.job, run.ref = job, ref
+        passed = Passed(job, ref, slot_id, run, reserved_ms, usage_id)
+    return Charged(task_run_id, status == active, held=bool(held), waiting=bool(waiting), passed=passed)
+
+
+def reserve_if_left(*, reservation_id: int, usage_id: int, ms: int) -> bool:
+    """PostgreSQL, no lock: reserve `ms` more for an admitted slot on its day's usage row when its
+    account has that much left unreserved (checked by the UPDATE on the row's latest version, so
+    two of these never reserve the same budget twice); False when it has not."""
+    with db.cursor() as cursor:
+        cursor.execute(
+            f"WITH u AS (UPDATE {UsageDay._meta.db_table} u SET cpu_reserved_ms = u.cpu_reserved_ms + %s "
+            f"FROM {Budget._meta.db_table} b WHERE u.id = %s AND b.account_id = u.account_id AND b.queue = u.queue "
+            "AND CAST(b.cpu_seconds_per_day AS BIGINT) * 1000 - u.cpu_used_ms - u.cpu_reserved_ms >= %s RETURNING 1) "
+            f"UPDATE {Reservation._meta.db_table} SET cpu_reserved_ms = cpu_reserved_ms + %s "
+            "WHERE id = %s AND EXISTS (SELECT 1 FROM u) RETURNING 1", [ms, usage_id, ms, ms, reservation_id])
+        return cursor.fetchone() is not None
 
 
 def start_claimed(*, reservation_id: int, envelope: Envelope, worker: str) -> bool:

@@ -230,16 +230,19 @@ def settle(
     def finished(run_id_sql: str) -> tuple[str, list]:
         return task_run_finished_sql(run_id_sql=run_id_sql, meter=meter, outcome=outcome, items=items, error=error)
 
-    if (cap_hit and envelope is not None) or expect_held:
+    pass_on = handoff.pass_on(queue=queue, worker=handoff_to, day=day) if handoff_to is not None else None
+    if (cap_hit and envelope is not None) or (expect_held and pass_on is None):
         return _settle_locked(reservation_id=reservation_id, account_id=account_id, queue=queue, meter=meter,
                               cap_hit=cap_hit, envelope=envelope, handoff_to=handoff_to, now=now, day=day,
                               finished=finished)
     # The run is recorded as finished in the statement that frees its slot: before any run that
     # takes the slot next is recorded as started.
     charged = ledger.charge(reservation_id=reservation_id, account_id=account_id, queue=queue, meter=meter,
-                            cap_hit=cap_hit, now=now, finished=finished)
+                            cap_hit=cap_hit, now=now, finished=finished, pass_on=pass_on)
     if charged is None:
         return None
+    if charged.passed is not None:
+        return handoff.Settled(handoff=handoff.passed_on(charged.passed, account_id=account_id))
     claimed = None
     if charged.was_active and (charged.held or standing.held(account_id=account_id, queue=queue)):
         with transaction.atomic():

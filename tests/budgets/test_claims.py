@@ -12,7 +12,7 @@ from budgets.services import admit, reclaim_expired, release_due, settle, start_
 from scheduling import clock
 from scheduling.envelope import Envelope
 from scheduling.holding import hold
-from scheduling.models import DeferReason, DeferredTask, Outcome, TaskRun
+from scheduling.models import DeferReason, DeferredTask, Outcome, Pause, TaskRun
 from scheduling.runtime import enqueue_many
 from tests.budgets.test_admission import meter, usage
 from tests.factories import AccountFactory
@@ -169,3 +169,68 @@ def test_a_worker_yields_to_work_waiting_in_the_broker_instead_of_claiming(accou
     slot = Reservation.objects.get(account=account)  # ... and the freed slot's job is sent there
     assert (slot.ref, slot.status) == ("0/1", ReservationStatus.DISPATCHED)
     assert not DeferredTask.objects.exists()
+
+
+def test_a_settlement_passes_its_slot_on_with_what_is_left_of_its_reservation(account, settings):
+    """The lock-free pass-on (budgets.ledger, PostgreSQL): the next job keeps what the run did not
+    use of its reservation, at most a step, so the account's used + reserved CPU never grows;
+    below half a step the slot is handed off under the lock instead, with a fresh step."""
+    settings.FAIRSHARE = {**settings.FAIRSHARE, "RESERVATION_STEP_MS": 1000}
+    budget(account, cap=1)
+    enqueue_many(job="tests.noop", work=[(account.pk, f"0/{i}") for i in range(3)])
+    first = run(account, "0/0")
+    assert first.allowance_ms == 1000
+
+    second = settle(reservation_id=first.reservation_id, account_id=account.pk, queue="default", meter=meter(300),
+                    handoff_to="w1").handoff
+
+    assert second.envelope.ref == "0/1" and second.admission.allowance_ms == 700
+    day = usage(account)
+    assert (day.runs, day.cpu_used_ms, day.cpu_reserved_ms) == (1, 300, 700)
+    slot = Reservation.objects.get()
+    assert (slot.ref, slot.status, slot.cpu_reserved_ms, slot.worker) == ("0/1", ReservationStatus.ACTIVE, 700, "w1")
+    assert DeferredTask.objects.get(ref="0/1").claimed_by == "w1"
+    assert start(second, worker="w1").admitted
+
+    third = settle(reservation_id=second.admission.reservation_id, account_id=account.pk, queue="default",
+                   meter=meter(300), handoff_to="w1").handoff
+
+    assert third.envelope.ref == "0/2" and third.admission.allowance_ms == 1000  # 400 left: a fresh step
+    day = usage(account)
+    assert (day.runs, day.cpu_used_ms, day.cpu_reserved_ms) == (2, 600, 1000)
+    assert start(third, worker="w1").admitted
+    settle(reservation_id=third.admission.reservation_id, account_id=account.pk, queue="default", meter=meter(1),
+           handoff_to="w1")
+    day = usage(account)
+    assert (day.runs, day.cpu_used_ms, day.cpu_reserved_ms) == (3, 601, 0)
+    assert not Reservation.objects.exists() and not DeferredTask.objects.exists()
+
+
+def test_a_slot_is_not_passed_on_past_a_cap_lowered_meanwhile(account):
+    capped = budget(account, cap=2)
+    enqueue_many(job="tests.noop", work=[(account.pk, f"0/{i}") for i in range(3)])
+    first, _ = run(account, "0/0"), run(account, "0/1")
+    capped.max_concurrent = 1  # an operator lowers the cap while both run
+    capped.save()
+
+    settled = settle(reservation_id=first.reservation_id, account_id=account.pk, queue="default", meter=meter(5),
+                     handoff_to="w1")
+
+    assert settled.handoff is None  # the slot is freed, not passed on: one still runs, the cap is 1
+    assert list(Reservation.objects.values_list("ref", "status")) == [("0/1", ReservationStatus.ACTIVE)]
+    assert DeferredTask.objects.get().claimed_by == ""
+
+
+def test_a_paused_accounts_slot_is_not_passed_on_with_an_admission(account):
+    budget(account, cap=1)
+    enqueue_many(job="tests.noop", work=[(account.pk, f"0/{i}") for i in range(2)])
+    first = run(account, "0/0")
+    Pause.objects.create(account=account)  # an operator pauses the account while it runs
+
+    handed = settle(reservation_id=first.reservation_id, account_id=account.pk, queue="default", meter=meter(5),
+                    handoff_to="w1").handoff
+
+    # Claimed under the lock but not admitted ahead: its own admission decides when it starts.
+    assert handed.envelope.ref == "0/1" and handed.admission is None and handed.run is None
+    assert Reservation.objects.get().status == ReservationStatus.DISPATCHED
+    assert usage(account).cpu_reserved_ms == 0

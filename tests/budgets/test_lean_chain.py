@@ -65,9 +65,10 @@ def test_an_accounts_run_costs_five_statements_in_one_transaction(account):
     assert UsageDay.objects.get().runs == 2
 
 
-def test_a_hand_off_cycle_costs_four_statements_in_one_transaction(account):
-    """Settle + claim and admit the next held job (one transaction), then start it (one statement:
-    the claim completes), per run of a capped backlog, in FIFO order."""
+def test_a_hand_off_cycle_costs_two_statements_and_no_transaction(account):
+    """Settle and pass the slot on to the next held job, claimed and admitted (one statement,
+    no lock), then start it (one statement: the claim completes), per run of a capped backlog,
+    in FIFO order."""
     Budget.objects.create(account=account, queue="default", cpu_seconds_per_day=10, max_concurrent=1)
     UsageDay.objects.create(account=account, queue="default", day=clock.budget_day())  # not the day's first run
     refs = [f"lean/h{i}" for i in range(5)]
@@ -79,13 +80,13 @@ def test_a_hand_off_cycle_costs_four_statements_in_one_transaction(account):
 
     runs = list(TaskRun.objects.order_by("started_at").values_list("ref", "outcome"))
     assert runs == [(ref, Outcome.SUCCEEDED) for ref in refs]
-    # The first admission (3 statements) stands alone. The first run came through the broker: its
-    # settlement charges without the lock, sees work held, then hands the slot off under the lock
-    # (charge; lock, state, claim and admission in one statement), and the next job starts (1).
-    # The handed-off runs settle under the lock, each handing off the next (lock, charge, claim and
-    # admission) before it starts (1); the last settlement finds nothing held (lock, charge).
-    assert (len(statements(queries)), commits(queries)) == (3 + 5 + 3 * 4 + 2, 1 + 4 + 1), statements(queries)
+    # The first admission (3 statements, one transaction) stands alone. Then each of the first four
+    # settlements passes its slot on in its own statement and the next job starts (1); the last
+    # finds nothing held, and looks once more after its commit (1: `settle`'s look for a hold).
+    assert (len(statements(queries)), commits(queries)) == (3 + 4 * 2 + 2, 1), statements(queries)
     assert not Reservation.objects.exists() and not DeferredTask.objects.exists()
+    usage = UsageDay.objects.get()
+    assert (usage.runs, usage.cpu_reserved_ms) == (5, 0)
 
 
 def prepared_statements() -> list[str]:

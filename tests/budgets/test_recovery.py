@@ -65,7 +65,7 @@ def test_settlement_reconnects_after_its_connection_dropped(account, start_clust
     try:
         locker.execute("SELECT 1 FROM budgets_usageday WHERE account_id = %s AND queue = 'default' FOR UPDATE",
                        [account.pk])
-        blocked = wait_for(lambda: _backend_waiting_for(locker, "%DELETE FROM budgets_reservation%budgets_usageday%"),
+        blocked = wait_for(lambda: _backend_waiting_for(locker, "WITH r AS (%DELETE FROM budgets_reservation%"),
                            timeout=30, message=f"the settlement to wait on the ledger row; log:\n{cluster.log()}")
         with connection.cursor() as cursor:
             cursor.execute("SELECT pg_terminate_backend(%s)", [blocked])
