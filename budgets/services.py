@@ -220,9 +220,11 @@ def settle(
     the account (seen by that statement, or by a look once it committed) does the settlement take
     the lock to pass the slot on. A job put on hold meanwhile is not missed: a hold that waits for
     a slot or budget looks again once it committed (`wake_when_committed`), and of the two looks,
-    each after its own commit, one sees the other's. A run stopped by the cap, and one that came
-    from the holding area (`expect_held`: its account most likely has more there), settle under
-    the lock instead, with what follows in the same transaction.
+    each after its own commit, one sees the other's. A run that came from the holding area
+    (`expect_held`: its account most likely has more there) passes its slot on to the next held
+    job in the charge's own statement when it may (PostgreSQL: `handoff.pass_on`, no lock either);
+    elsewhere it settles under the lock, with what follows in the same transaction, as does a run
+    stopped by the cap.
     """
     now = clock.now()
     day = clock.budget_day(now)
@@ -230,7 +232,11 @@ def settle(
     def finished(run_id_sql: str) -> tuple[str, list]:
         return task_run_finished_sql(run_id_sql=run_id_sql, meter=meter, outcome=outcome, items=items, error=error)
 
-    pass_on = handoff.pass_on(queue=queue, worker=handoff_to, day=day) if handoff_to is not None else None
+    # A run that came from the holding area passes its slot on in its own settlement statement
+    # (its account most likely has more held); others settle with the plain charge, which costs
+    # less, and hand off under the lock when it finds work held (then the next run passes it on).
+    pass_on = (handoff.pass_on(queue=queue, worker=handoff_to, day=day)
+               if handoff_to is not None and expect_held else None)
     if (cap_hit and envelope is not None) or (expect_held and pass_on is None):
         return _settle_locked(reservation_id=reservation_id, account_id=account_id, queue=queue, meter=meter,
                               cap_hit=cap_hit, envelope=envelope, handoff_to=handoff_to, now=now, day=day,

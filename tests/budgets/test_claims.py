@@ -172,37 +172,43 @@ def test_a_worker_yields_to_work_waiting_in_the_broker_instead_of_claiming(accou
 
 
 def test_a_settlement_passes_its_slot_on_with_what_is_left_of_its_reservation(account, settings):
-    """The lock-free pass-on (budgets.ledger, PostgreSQL): the next job keeps what the run did not
-    use of its reservation, at most a step, so the account's used + reserved CPU never grows;
-    below half a step the slot is handed off under the lock instead, with a fresh step."""
+    """The lock-free pass-on (budgets.ledger, PostgreSQL) of a run that came from the holding area:
+    the next job keeps what the run did not use of its reservation, at most a step, so the
+    account's used + reserved CPU never grows; below half a step the slot is handed off under the
+    lock instead, with a fresh step."""
     settings.FAIRSHARE = {**settings.FAIRSHARE, "RESERVATION_STEP_MS": 1000}
     budget(account, cap=1)
-    enqueue_many(job="tests.noop", work=[(account.pk, f"0/{i}") for i in range(3)])
+    enqueue_many(job="tests.noop", work=[(account.pk, f"0/{i}") for i in range(4)])
     first = run(account, "0/0")
-    assert first.allowance_ms == 1000
-
+    # Sent through the broker: its settlement hands off under the lock, with a fresh step.
     second = settle(reservation_id=first.reservation_id, account_id=account.pk, queue="default", meter=meter(300),
                     handoff_to="w1").handoff
-
-    assert second.envelope.ref == "0/1" and second.admission.allowance_ms == 700
-    day = usage(account)
-    assert (day.runs, day.cpu_used_ms, day.cpu_reserved_ms) == (1, 300, 700)
-    slot = Reservation.objects.get()
-    assert (slot.ref, slot.status, slot.cpu_reserved_ms, slot.worker) == ("0/1", ReservationStatus.ACTIVE, 700, "w1")
-    assert DeferredTask.objects.get(ref="0/1").claimed_by == "w1"
+    assert second.admission.allowance_ms == 1000
     assert start(second, worker="w1").admitted
 
     third = settle(reservation_id=second.admission.reservation_id, account_id=account.pk, queue="default",
-                   meter=meter(300), handoff_to="w1").handoff
+                   meter=meter(300), handoff_to="w1", expect_held=True).handoff
 
-    assert third.envelope.ref == "0/2" and third.admission.allowance_ms == 1000  # 400 left: a fresh step
+    assert third.envelope.ref == "0/2" and third.admission.allowance_ms == 700
     day = usage(account)
-    assert (day.runs, day.cpu_used_ms, day.cpu_reserved_ms) == (2, 600, 1000)
+    assert (day.runs, day.cpu_used_ms, day.cpu_reserved_ms) == (2, 600, 700)
+    slot = Reservation.objects.get()
+    assert (slot.ref, slot.status, slot.cpu_reserved_ms, slot.worker) == ("0/2", ReservationStatus.ACTIVE, 700, "w1")
+    assert TaskRun.objects.get(pk=third.run.pk).outcome == Outcome.RUNNING
+    assert DeferredTask.objects.get(ref="0/2").claimed_by == "w1"
     assert start(third, worker="w1").admitted
-    settle(reservation_id=third.admission.reservation_id, account_id=account.pk, queue="default", meter=meter(1),
-           handoff_to="w1")
+
+    fourth = settle(reservation_id=third.admission.reservation_id, account_id=account.pk, queue="default",
+                    meter=meter(300), handoff_to="w1", expect_held=True).handoff
+
+    assert fourth.envelope.ref == "0/3" and fourth.admission.allowance_ms == 1000  # 400 left: a fresh step
     day = usage(account)
-    assert (day.runs, day.cpu_used_ms, day.cpu_reserved_ms) == (3, 601, 0)
+    assert (day.runs, day.cpu_used_ms, day.cpu_reserved_ms) == (3, 900, 1000)
+    assert start(fourth, worker="w1").admitted
+    settle(reservation_id=fourth.admission.reservation_id, account_id=account.pk, queue="default", meter=meter(1),
+           handoff_to="w1", expect_held=True)
+    day = usage(account)
+    assert (day.runs, day.cpu_used_ms, day.cpu_reserved_ms) == (4, 901, 0)
     assert not Reservation.objects.exists() and not DeferredTask.objects.exists()
 
 
@@ -214,7 +220,7 @@ def test_a_slot_is_not_passed_on_past_a_cap_lowered_meanwhile(account):
     capped.save()
 
     settled = settle(reservation_id=first.reservation_id, account_id=account.pk, queue="default", meter=meter(5),
-                     handoff_to="w1")
+                     handoff_to="w1", expect_held=True)
 
     assert settled.handoff is None  # the slot is freed, not passed on: one still runs, the cap is 1
     assert list(Reservation.objects.values_list("ref", "status")) == [("0/1", ReservationStatus.ACTIVE)]
@@ -228,7 +234,7 @@ def test_a_paused_accounts_slot_is_not_passed_on_with_an_admission(account):
     Pause.objects.create(account=account)  # an operator pauses the account while it runs
 
     handed = settle(reservation_id=first.reservation_id, account_id=account.pk, queue="default", meter=meter(5),
-                    handoff_to="w1").handoff
+                    handoff_to="w1", expect_held=True).handoff
 
     # Claimed under the lock but not admitted ahead: its own admission decides when it starts.
     assert handed.envelope.ref == "0/1" and handed.admission is None and handed.run is None

@@ -66,9 +66,9 @@ def test_an_accounts_run_costs_five_statements_in_one_transaction(account):
 
 
 def test_a_hand_off_cycle_costs_two_statements_and_no_transaction(account):
-    """Settle and pass the slot on to the next held job, claimed and admitted (one statement,
-    no lock), then start it (one statement: the claim completes), per run of a capped backlog,
-    in FIFO order."""
+    """A run that came from the holding area settles and passes its slot on to the next held job,
+    claimed and admitted (one statement, no lock), which then starts (one statement: the claim
+    completes), per run of a capped backlog, in FIFO order."""
     Budget.objects.create(account=account, queue="default", cpu_seconds_per_day=10, max_concurrent=1)
     UsageDay.objects.create(account=account, queue="default", day=clock.budget_day())  # not the day's first run
     refs = [f"lean/h{i}" for i in range(5)]
@@ -80,10 +80,12 @@ def test_a_hand_off_cycle_costs_two_statements_and_no_transaction(account):
 
     runs = list(TaskRun.objects.order_by("started_at").values_list("ref", "outcome"))
     assert runs == [(ref, Outcome.SUCCEEDED) for ref in refs]
-    # The first admission (3 statements, one transaction) stands alone. Then each of the first four
-    # settlements passes its slot on in its own statement and the next job starts (1); the last
-    # finds nothing held, and looks once more after its commit (1: `settle`'s look for a hold).
-    assert (len(statements(queries)), commits(queries)) == (3 + 4 * 2 + 2, 1), statements(queries)
+    # The first admission (3 statements, one transaction) stands alone. The first run came through
+    # the broker: its settlement charges (1), sees work held and hands the slot off under the lock
+    # (lock, state, claim and admission: one transaction), and the next job starts (1). Each run
+    # that came from the holding area then passes its slot on in its own statement and the next
+    # job starts (1); the last finds nothing held and looks once more after its commit (1).
+    assert (len(statements(queries)), commits(queries)) == (3 + (1 + 3 + 1) + 3 * 2 + 2, 2), statements(queries)
     assert not Reservation.objects.exists() and not DeferredTask.objects.exists()
     usage = UsageDay.objects.get()
     assert (usage.runs, usage.cpu_reserved_ms) == (5, 0)
