@@ -128,6 +128,87 @@ def _slot_sql(own: int | None, run_id_sql: str) -> str:
             f"VALUES ({', '.join(['%s'] * len(_NEW_SLOT_COLUMNS))}, {run_id_sql}) RETURNING id, task_run_id")
 
 
+# PostgreSQL: the common admission — a job sent with a slot of its own, its account below its cap
+# on running jobs with a step of budget left — in one statement without taking the lock first
+# (`admit_at_once`). It writes the account's Budget row as the lock does (`b`), but only if the
+# row is still the version its snapshot saw (`xmin`): every lock holder writes that row
+# (budgets.standing.lock), so a later version means one committed since (or, waited for, just
+# did) and whatever it counted is not in this snapshot; then nothing else happens. Holding that
+# row to its commit, it decides on counts as exact as under the lock: the running slots (`s`,
+# only a lock holder adds one; the lock-free settlement and pass-on never add to them), the own
+# slot locked (`o`), and the budget by a conditional UPDATE of the day's usage row, checked on its
+# latest version (`u`: the lock-free pass-on and `reserve_if_left` change it too). The run's
+# record (`t`) and the slot made active (`k`) follow only from `u`.
+_ADMIT_AT_ONCE_SQL = """
+WITH b AS (
+  UPDATE {budget} SET max_concurrent = max_concurrent
+   WHERE account_id = %s AND queue = %s
+     AND xmin = (SELECT xmin FROM {budget} WHERE account_id = %s AND queue = %s)
+  RETURNING account_id, queue, cpu_seconds_per_day, max_concurrent),
+o AS (
+  SELECT r.id FROM {reservation} r
+   WHERE r.id = (SELECT MIN(x.id) FROM {reservation} x WHERE x.account_id = %s AND x.queue = %s
+                   AND x.status = %s AND x.job = %s AND x.ref = %s)
+     AND r.status = %s
+  FOR UPDATE),
+s AS (
+  SELECT o.id AS own_id, b.cpu_seconds_per_day FROM b, o
+   WHERE (SELECT COUNT(*) FROM {reservation} x WHERE x.account_id = b.account_id AND x.queue = b.queue
+            AND x.status = %s) < b.max_concurrent),
+u AS (
+  UPDATE {usage} SET cpu_reserved_ms = {usage}.cpu_reserved_ms + %s FROM s
+   WHERE {usage}.account_id = %s AND {usage}.queue = %s AND {usage}.day = %s
+     AND CAST(s.cpu_seconds_per_day AS BIGINT) * 1000 - {usage}.cpu_used_ms - {usage}.cpu_reserved_ms >= %s
+  RETURNING {usage}.id),
+t AS ({{run}}),
+k AS (
+  UPDATE {reservation} SET status = %s, day = %s, worker = %s, cpu_reserved_ms = %s, lease_expires_at = %s,
+         task_run_id = (SELECT id FROM t)
+   WHERE id = (SELECT own_id FROM s) AND EXISTS (SELECT 1 FROM u)
+  RETURNING id, task_run_id)
+SELECT EXISTS (SELECT 1 FROM b), (SELECT id FROM k), (SELECT task_run_id FROM k), {paused}
+""".format(budget=Budget._meta.db_table, reservation=Reservation._meta.db_table, usage=UsageDay._meta.db_table,
+           paused=COVERED_SQL.format(account="%s", queue="%s"))
+
+
+@dataclass(frozen=True)
+class AdmittedAtOnce:
+    """What `admit_at_once` did: `reservation_id` None when it admitted nothing (then the caller
+    admits under the lock, which decides)."""
+
+    reservation_id: int | None
+    paused: bool = False
+
+
+def admit_at_once(*, envelope: Envelope, queue: str, day: dt.date, reserve_ms: int, run: TaskRun,
+                  worker: str) -> AdmittedAtOnce:
+    """PostgreSQL: admit a job sent with a slot of its own in one statement without the lock
+    (`_ADMIT_AT_ONCE_SQL`): its slot made active with `reserve_ms` reserved, `run` (not saved yet)
+    inserted and `run.pk` set. Nothing when that is not plainly allowed — no slot of its own, its
+    account at its cap on running jobs or with less than `reserve_ms` left today (or no usage row
+    for the day yet), or a lock holder committed since the statement's snapshot."""
+    ops = connection.ops
+    account_id, dispatched, active = envelope.account, ReservationStatus.DISPATCHED, ReservationStatus.ACTIVE
+    run_sql, run_params = task_run_insert_sql(run, source="u")
+    day_value = ops.adapt_datefield_value(day)
+    lease = ops.adapt_datetimefield_value(standing.run_lease_expiry())
+    with db.cursor() as cursor:
+        cursor.execute(_ADMIT_AT_ONCE_SQL.format(run=run_sql), [
+            account_id, queue, account_id, queue,
+            account_id, queue, dispatched, envelope.job, envelope.ref, dispatched,
+            active,
+            reserve_ms, account_id, queue, day_value, reserve_ms,
+            *run_params,
+            active, day_value, worker, reserve_ms, lease,
+            account_id, queue, queue,
+        ])
+        _, slot_id, run_id, paused = cursor.fetchone()
+    if slot_id is None:
+        return AdmittedAtOnce(None)
+    run.pk = run_id
+    return AdmittedAtOnce(slot_id, paused=bool(paused))
+
+
 def take_slot(
     *, envelope: Envelope, queue: str, state: Standing, day: dt.date, own: int | None, reserve_ms: int,
     run: TaskRun | None, worker: str, claim: str | None = None, lease_s: float | None = None,

@@ -125,15 +125,25 @@ def held(*, account_id: int, queue: str) -> bool:
 
 
 _LOCK_SQL = f"SELECT 1 FROM {Budget._meta.db_table} WHERE account_id = %s AND queue = %s"
+# PostgreSQL: the lock is a write that changes nothing, so that the row gets a new version (a new
+# xmin) each time it is locked: what a lock-free admission checks to know that no lock holder
+# committed since its snapshot (`budgets.ledger.admit_at_once`).
+_LOCK_BY_WRITE_SQL = (f"UPDATE {Budget._meta.db_table} SET max_concurrent = max_concurrent "
+                      "WHERE account_id = %s AND queue = %s RETURNING 1")
+_LOCK_BY_WRITE_SKIP_LOCKED_SQL = (
+    f"UPDATE {Budget._meta.db_table} SET max_concurrent = max_concurrent WHERE id = "
+    f"(SELECT id FROM {Budget._meta.db_table} WHERE account_id = %s AND queue = %s FOR UPDATE SKIP LOCKED) "
+    "RETURNING 1")
 
 
 def lock(*, account_id: int, queue: str, skip_locked: bool = False) -> bool:
     """Lock the account's Budget row on this queue; False when it has none (nothing locked), or,
-    with `skip_locked`, when another transaction holds it. (SQLite has no row locks: its
-    transactions serialise writers as a whole.)"""
-    sql = _LOCK_SQL
-    if connection.features.has_select_for_update:
-        sql += " FOR UPDATE SKIP LOCKED" if skip_locked else " FOR UPDATE"
+    with `skip_locked`, when another transaction holds it. On PostgreSQL by writing it (see
+    _LOCK_BY_WRITE_SQL). (SQLite has no row locks: its transactions serialise writers as a whole.)"""
+    if connection.vendor == "postgresql":
+        sql = _LOCK_BY_WRITE_SKIP_LOCKED_SQL if skip_locked else _LOCK_BY_WRITE_SQL
+    else:
+        sql = _LOCK_SQL
     with db.cursor() as cursor:
         cursor.execute(sql, [account_id, queue])
         return cursor.fetchone() is not None
@@ -146,10 +156,16 @@ def usage_id(state: Standing, *, account_id: int, queue: str, day: dt.date) -> i
     return usage.pk
 
 
+def step_ms(estimate_ms: int) -> int:
+    """What an admitted run reserves at first when its account has that much left: a step, or its
+    job's estimate when larger."""
+    return max(estimate_ms, settings.FAIRSHARE["RESERVATION_STEP_MS"])
+
+
 def first_reservation_ms(state: Standing, estimate_ms: int) -> int:
-    """What an admitted run reserves at first: a step, or its job's estimate when larger, at most
-    what its account has left unreserved."""
-    return min(max(estimate_ms, settings.FAIRSHARE["RESERVATION_STEP_MS"]), state.unreserved_ms)
+    """What an admitted run reserves at first: `step_ms`, at most what its account has left
+    unreserved."""
+    return min(step_ms(estimate_ms), state.unreserved_ms)
 
 
 def out_of_budget(state: Standing, now: dt.datetime) -> tuple[str, dt.datetime]:
