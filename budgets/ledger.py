@@ -171,6 +171,12 @@ SELECT EXISTS (SELECT 1 FROM b), (SELECT id FROM k), (SELECT task_run_id FROM k)
            paused=COVERED_SQL.format(account="%s", queue="%s"))
 
 
+# How many times `admit_at_once` tries when a lock holder committed since its statement's
+# snapshot: again at once (a new snapshot sees that commit: the account's other worker admitting
+# at the same moment, most of the time), then it leaves the job to the lock.
+AT_ONCE_TRIES = 2
+
+
 @dataclass(frozen=True)
 class AdmittedAtOnce:
     """What `admit_at_once` did: `reservation_id` None when it admitted nothing (then the caller
@@ -192,17 +198,22 @@ def admit_at_once(*, envelope: Envelope, queue: str, day: dt.date, reserve_ms: i
     run_sql, run_params = task_run_insert_sql(run, source="u")
     day_value = ops.adapt_datefield_value(day)
     lease = ops.adapt_datetimefield_value(standing.run_lease_expiry())
+    sql = _ADMIT_AT_ONCE_SQL.format(run=run_sql)
+    params = [
+        account_id, queue, account_id, queue,
+        account_id, queue, dispatched, envelope.job, envelope.ref, dispatched,
+        active,
+        reserve_ms, account_id, queue, day_value, reserve_ms,
+        *run_params,
+        active, day_value, worker, reserve_ms, lease,
+        account_id, queue, queue,
+    ]
     with db.cursor() as cursor:
-        cursor.execute(_ADMIT_AT_ONCE_SQL.format(run=run_sql), [
-            account_id, queue, account_id, queue,
-            account_id, queue, dispatched, envelope.job, envelope.ref, dispatched,
-            active,
-            reserve_ms, account_id, queue, day_value, reserve_ms,
-            *run_params,
-            active, day_value, worker, reserve_ms, lease,
-            account_id, queue, queue,
-        ])
-        _, slot_id, run_id, paused = cursor.fetchone()
+        for _ in range(AT_ONCE_TRIES):
+            cursor.execute(sql, params)
+            fresh, slot_id, run_id, paused = cursor.fetchone()
+            if fresh:
+                break  # decided (admitted or not); else a lock holder committed since its snapshot
     if slot_id is None:
         return AdmittedAtOnce(None)
     run.pk = run_id
