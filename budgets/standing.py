@@ -4,9 +4,13 @@ statement under the row lock of its Budget, and the slot and lease helpers built
 Every write to an account's usage ledger and slots that can refuse work happens under the row
 lock of its Budget (account, queue): admission, reservation growth, reclaim, hand-off, release and
 the enqueue-time check's slow path serialise per account and queue, so caps hold and counts
-never drift. A settlement's charge, which only frees, is one statement without that lock
-(budgets.services.settle); a slot it frees can still never miss a job that is just being put on
-hold (no lost wake-ups): both sides look again once they committed, and one of them sees the other.
+never drift. Three statements go without it and still cannot pass a cap: a settlement's charge,
+which only frees (budgets.services.settle; a slot it frees can still never miss a job that is
+just being put on hold — no lost wake-ups: both sides look again once they committed, and one of
+them sees the other); its pass-on, which swaps one slot and its reservation for another
+(budgets.ledger.charge); and the admission of a sent job, which proves by the Budget row's version
+that no lock holder committed since its snapshot and holds that row to its commit
+(budgets.ledger.admit_at_once).
 
 A slot is a Reservation row: DISPATCHED from the moment the job is sent to the broker until it
 starts, ACTIVE while it runs. CPU is reserved in steps (RESERVATION_STEP_MS, at least the job's
