@@ -97,15 +97,16 @@ _PASS_ON_IF = """(EXISTS (SELECT 1 FROM r WHERE r.status = %s AND r.day = %s AND
     < (SELECT b.max_concurrent FROM {budget} b WHERE b.account_id = %s AND b.queue = %s))""".format(
     paused=COVERED_SQL.format(account="%s", queue="%s"), reservation=Reservation._meta.db_table,
     budget=Budget._meta.db_table)
-_PASS_ON_SLOT_COLUMNS = ("account_id", "queue", "day", "status", "lease_expires_at", "created_at", "worker",
-                         "job", "ref", "cpu_reserved_ms", "cpu_reported_ms", "cpu_charged_ms", "task_run_id")
+# The columns of a slot inserted for a claimed job, admitted (`claim_and_admit`, the pass-on).
+_CLAIMED_SLOT_COLUMNS = ("account_id", "queue", "day", "job", "ref", "status", "lease_expires_at", "created_at",
+                         "worker", "cpu_reserved_ms", "cpu_reported_ms", "cpu_charged_ms", "task_run_id")
 _SETTLE_AND_PASS_ON_SQL = (
     f"WITH r AS ({_DELETE_SQL}), h AS ({{claim}}), "
     f"c AS ({_CHARGE_SQL.format(r='r', kept=f' + CASE WHEN EXISTS (SELECT 1 FROM h) THEN {_KEPT_SQL} ELSE 0 END')}"
     " RETURNING u.id), "
     "t AS ({run}), s AS ({new_run}), "
-    f"n AS (INSERT INTO {Reservation._meta.db_table} ({', '.join(_PASS_ON_SLOT_COLUMNS)}) "
-    f"SELECT %s, %s, r.day, %s, %s, %s, %s, h.job, h.ref, {_KEPT_SQL}, 0, 0, (SELECT id FROM s) FROM h, r "
+    f"n AS (INSERT INTO {Reservation._meta.db_table} ({', '.join(_CLAIMED_SLOT_COLUMNS)}) "
+    f"SELECT %s, %s, r.day, h.job, h.ref, %s, %s, %s, %s, {_KEPT_SQL}, 0, 0, (SELECT id FROM s) FROM h, r "
     "RETURNING job, ref, id, task_run_id, cpu_reserved_ms) "
     f"SELECT r.task_run_id, r.status, {_FLAGS_SQL}, n.job, n.ref, n.id, n.task_run_id, n.cpu_reserved_ms, "
     "(SELECT id FROM c) FROM r LEFT JOIN n ON TRUE")
@@ -478,11 +479,9 @@ def claim_and_admit(
     run = TaskRun(account_id=account_id, queue=queue, worker=worker)
     run_sql, run_params = task_run_insert_sql(run, source="c", taken={"job": "c.job", "ref": "c.ref"})
     claim_sql, claim_params = claim
-    slot_columns = ("account_id", "queue", "day", "job", "ref", "status", "lease_expires_at", "created_at", "worker",
-                    "cpu_reserved_ms", "cpu_reported_ms", "cpu_charged_ms", "task_run_id")
     sql = (f"WITH c AS ({claim_sql}), t AS ({run_sql}), "
            f"u AS ({_RESERVE_SQL} AND EXISTS (SELECT 1 FROM c) RETURNING 1) "
-           f"INSERT INTO {Reservation._meta.db_table} ({', '.join(slot_columns)}) "
+           f"INSERT INTO {Reservation._meta.db_table} ({', '.join(_CLAIMED_SLOT_COLUMNS)}) "
            "SELECT %s, %s, %s, c.job, c.ref, %s, %s, %s, %s, %s, 0, 0, (SELECT id FROM t) FROM c "
            "RETURNING job, ref, id, task_run_id")
     with db.cursor() as cursor:
