@@ -15,6 +15,7 @@ from budgets import clock, handoff, ledger, standing
 from budgets.models import Account, Budget, Reservation, ReservationStatus, UsageDay
 from budgets.standing import Standing
 from scheduling.envelope import Envelope
+from scheduling.faults import fault_point
 from scheduling.holding import eligible, hold
 from scheduling.metering import Meter
 from scheduling.models import DeferReason, DeferredTask, TaskRun
@@ -259,6 +260,7 @@ def settle(
     if charged is None:
         return None
     if charged.passed is not None:
+        fault_point("after_pass_on")
         return handoff.Settled(handoff=handoff.passed_on(charged.passed, account_id=account_id))
     claimed = None
     if charged.was_active and (charged.held or standing.held(account_id=account_id, queue=queue)):

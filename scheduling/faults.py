@@ -13,7 +13,8 @@ Points in the export job: ``before_claim`` (run admitted, export not claimed yet
 not yet complete), ``before_notify`` (record complete, requester not yet notified),
 ``after_complete`` (record complete and requester notified, task not yet acknowledged to the
 broker). In the budget middleware, around every account's run: ``after_settle`` (charged and its
-slot freed, the run's outcome not yet recorded). In the runtime: ``before_handoff`` (a held job
+slot freed, the run's outcome not yet recorded); in budgets' settlement, ``after_pass_on`` (the
+slot passed on to a held job claimed for this worker and admitted, not yet started). In the runtime: ``before_handoff`` (a held job
 claimed for this worker, by a hand-off or a pull, with its slot taken; not yet admitted), and
 ``before_send`` (in the producer: the enqueue gates admitted the job, its message is not sent yet).
 """
@@ -26,7 +27,7 @@ from scheduling.testing import FAULT, FAULT_MARKER, FAULT_RESUME
 PAUSE_MAX_S = 60
 
 POINTS = frozenset({"before_claim", "after_claim", "mid_stream", "after_publish", "before_notify", "after_complete",
-                    "after_settle", "before_handoff", "before_send"})
+                    "after_settle", "after_pass_on", "before_handoff", "before_send"})
 
 
 def fault_point(name: str) -> None:
