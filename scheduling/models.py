@@ -102,7 +102,9 @@ class DeferredTask(models.Model):
             # Duplicate deliveries of one envelope are held once.
             models.UniqueConstraint(fields=["job", "ref"], name="deferredtask_unique_job_ref")
         ]
-        indexes = [models.Index(fields=["account", "queue", "created_at"], name="deferred_account_queue")]
+        # An account's held work in the order it goes (claims and releases take the oldest first:
+        # read in index order, they stop at the first eligible row instead of sorting the backlog).
+        indexes = [models.Index(fields=["account", "queue", "created_at", "id"], name="deferred_account_queue_order")]
 
     def __str__(self) -> str:
         return f"{self.job} {self.ref} ({self.reason})"
