@@ -90,27 +90,29 @@ def test_free_workers_pull_other_accounts_held_work_without_exceeding_any_cap(st
         assert_ran_once_within_cap_in_order(account, sent[account], cap=cap)
 
 
-def test_a_worker_killed_after_claiming_a_held_job_loses_and_duplicates_nothing(account, start_cluster, tmp_path):
+def kill_a_claimant(account, start_cluster, tmp_path, *, fault: str) -> tuple[object, list[str], DeferredTask]:
+    """A cap-1 backlog of 8 jobs in a cluster whose worker SIGKILLs itself at `fault` (once),
+    holding a claimed job; returns the cluster, the refs, and the job its dead worker claimed."""
     give_budget(account, cpu_seconds=1000, max_concurrent=1)
     marker = tmp_path / "fault-fired"
     cluster = start_cluster(
-        "default", FAIRSHARE_WORKERS="2", FAIRSHARE_FAULT="before_handoff", FAIRSHARE_FAULT_MARKER=str(marker),
+        "default", FAIRSHARE_WORKERS="2", FAIRSHARE_FAULT=fault, FAIRSHARE_FAULT_MARKER=str(marker),
         # The claim and its slot expire 2 s after the worker died instead of 30 s.
         FAIRSHARE_HANDOFF_CLAIM_LEASE_S="2",
     )
     refs = [f"20/{i}" for i in range(8)]
     for ref in refs:
         enqueue(job="tests.sleep", account=account.pk, ref=ref)
-
-    # The first run settles and hands its slot to the second job; the worker dies before running it.
     wait(marker.exists, timeout=30, what="the fault point to fire", clusters=[cluster])
     claimed = wait(lambda: DeferredTask.objects.filter(account=account).exclude(claimed_by="").first(),
                    timeout=10, what="the claimed job to stay in the holding area", clusters=[cluster])
-    assert claimed.ref == refs[1]
     claimant = int(claimed.claimed_by.rsplit(":", 1)[1])
     # (The marker is written just before the process kills itself.)
     wait(lambda: is_dead(claimant), timeout=10, what="the claimant to be dead", clusters=[cluster])
+    return cluster, refs, claimed
 
+
+def assert_recovers_once_in_order(account, refs: list[str], cluster) -> None:
     def recovered():
         reclaim_expired()  # the reclaim schedule's work: the dead claim's slot comes back
         return runs_of(account, outcome=Outcome.SUCCEEDED).count() >= len(refs) and drained(account)
@@ -119,35 +121,22 @@ def test_a_worker_killed_after_claiming_a_held_job_loses_and_duplicates_nothing(
     assert usage(account).runs == len(refs)
 
 
+def test_a_worker_killed_after_claiming_a_held_job_loses_and_duplicates_nothing(account, start_cluster, tmp_path):
+    # The first run settles and hands its slot to the second job; the worker dies before running it.
+    cluster, refs, claimed = kill_a_claimant(account, start_cluster, tmp_path, fault="before_handoff")
+    assert claimed.ref == refs[1]
+    assert_recovers_once_in_order(account, refs, cluster)
+
+
 def test_a_worker_killed_after_passing_its_slot_on_loses_and_duplicates_nothing(account, start_cluster, tmp_path):
     """The pass-on (a run from the holding area hands its slot on in its settlement's statement,
     without the lock) commits the next job's claim, slot and run; the worker dies before running
     it. Its claim and slot expire, the reclaim undoes the admission and releases the job."""
-    give_budget(account, cpu_seconds=1000, max_concurrent=1)
-    marker = tmp_path / "fault-fired"
-    cluster = start_cluster(
-        "default", FAIRSHARE_WORKERS="2", FAIRSHARE_FAULT="after_pass_on", FAIRSHARE_FAULT_MARKER=str(marker),
-        FAIRSHARE_HANDOFF_CLAIM_LEASE_S="2",
-    )
-    refs = [f"20/{i}" for i in range(8)]
-    for ref in refs:
-        enqueue(job="tests.sleep", account=account.pk, ref=ref)
-
     # The first run came through the broker and hands off under the lock; the second, from the
     # holding area, passes its slot on to the third job, and its worker dies there.
-    wait(marker.exists, timeout=30, what="the fault point to fire", clusters=[cluster])
-    claimed = wait(lambda: DeferredTask.objects.filter(account=account).exclude(claimed_by="").first(),
-                   timeout=10, what="the claimed job to stay in the holding area", clusters=[cluster])
+    cluster, refs, claimed = kill_a_claimant(account, start_cluster, tmp_path, fault="after_pass_on")
     assert claimed.ref == refs[2]
     slot = Reservation.objects.get(account=account, ref=refs[2])
     assert slot.status == ReservationStatus.ACTIVE and slot.task_run_id is not None  # admitted by the pass-on
-    claimant = int(claimed.claimed_by.rsplit(":", 1)[1])
-    wait(lambda: is_dead(claimant), timeout=10, what="the claimant to be dead", clusters=[cluster])
-
-    def recovered():
-        reclaim_expired()
-        return runs_of(account, outcome=Outcome.SUCCEEDED).count() >= len(refs) and drained(account)
-    wait(recovered, timeout=90, interval=0.5, what="the claimed job and the rest to run", clusters=[cluster])
-    assert_ran_once_within_cap_in_order(account, refs, cap=1)
-    assert usage(account).runs == len(refs)
+    assert_recovers_once_in_order(account, refs, cluster)
     assert TaskRun.objects.get(pk=slot.task_run_id).outcome == Outcome.SKIPPED  # the pass-on's run, undone
