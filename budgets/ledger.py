@@ -380,10 +380,10 @@ def _charge_and_pass_on(*, reservation_id: int, account_id: int, queue: str, met
     ops, active = connection.ops, ReservationStatus.ACTIVE
     step = settings.FAIRSHARE["RESERVATION_STEP_MS"]
     kept = [meter.cpu_ms, step]  # _KEPT_SQL's
-    # It keeps at least half a step, or frees the slot: a run's watcher asks for more below that.
+    keep_at_least = max(1, step // 2)  # else it frees the slot: a run's watcher asks for more below that
     unless_sql, unless_params = pass_on.unless
-    condition = (f"({unless_sql} OR NOT {_PASS_ON_IF})" if unless_sql else f"NOT {_PASS_ON_IF}",
-                 [*unless_params, active, ops.adapt_datefield_value(pass_on.day), meter.cpu_ms, max(1, step // 2),
+    condition = (f"({unless_sql} OR NOT {_PASS_ON_IF})",
+                 [*unless_params, active, ops.adapt_datefield_value(pass_on.day), meter.cpu_ms, keep_at_least,
                   account_id, queue, queue, account_id, queue, active, account_id, queue])
     claim_sql, claim_params = claim_oldest_sql(account_id=account_id, queue=queue, worker=pass_on.worker,
                                                lease_s=pass_on.lease_s, unless=condition)

@@ -4,10 +4,12 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import psycopg
 import pytest
 import redis
 from django.conf import settings
 from django.core.checks import run_checks
+from django.db import connection
 from django_q.conf import Conf
 
 import tests.jobs  # noqa: F401  (registers the test jobs in this process too)
@@ -178,3 +180,24 @@ def wait_for(predicate, *, timeout: float, interval: float = 0.1, message: str =
         if time.monotonic() > deadline:
             pytest.fail(f"timed out after {timeout}s waiting for {message}")
         time.sleep(interval)
+
+
+def connect_outside_django() -> psycopg.Connection:
+    """A connection of the test's own, outside Django's (not autocommit), to play another session:
+    a slow transaction, a concurrent admission."""
+    db = settings.DATABASES["default"]
+    return psycopg.connect(dbname=db["NAME"], user=db["USER"], password=db["PASSWORD"] or None,
+                           host=db["HOST"] or None, port=db["PORT"] or None, autocommit=False)
+
+
+def backend_waiting_for(other: psycopg.Connection, query_like: str) -> int | None:
+    """The server pid of a session blocked on a lock, running a query like `query_like` (not
+    `other`'s own). Asked on Django's connection: `other`'s transaction would see one unchanging
+    view of pg_stat_activity."""
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT pid FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND query ILIKE %s AND pid <> %s",
+            [query_like, other.info.backend_pid],
+        )
+        row = cursor.fetchone()
+    return row[0] if row else None

@@ -2,9 +2,7 @@
 job sent with a slot of its own, exact against admissions made under the lock at the same time."""
 import threading
 
-import psycopg
 import pytest
-from django.conf import settings as django_settings
 from django.db import connection, connections
 
 from budgets import clock, standing
@@ -13,24 +11,9 @@ from budgets.services import admit
 from scheduling.envelope import Envelope
 from scheduling.models import DeferReason, DeferredTask, TaskRun
 from scheduling.services import task_run_new
-from tests.conftest import wait_for
+from tests.conftest import backend_waiting_for, connect_outside_django, wait_for
 
 pytestmark = pytest.mark.django_db(transaction=True)
-
-
-def _connect() -> psycopg.Connection:
-    db = django_settings.DATABASES["default"]
-    return psycopg.connect(dbname=db["NAME"], user=db["USER"], password=db["PASSWORD"] or None,
-                           host=db["HOST"] or None, port=db["PORT"] or None, autocommit=False)
-
-
-def _waiting_for_a_lock(locker: psycopg.Connection) -> bool:
-    """Whether a session other than `locker` waits for a lock in the admission's statement (asked
-    on Django's connection: `locker`'s transaction would see one view of pg_stat_activity)."""
-    with connection.cursor() as cursor:
-        cursor.execute("SELECT 1 FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND query LIKE %s AND pid <> %s",
-                       ["%WITH b AS%", locker.info.backend_pid])
-        return cursor.fetchone() is not None
 
 
 def _sent(account, ref: str) -> Envelope:
@@ -82,7 +65,7 @@ def test_it_yields_to_an_admission_under_the_lock_that_committed_after_its_snaps
     admission's statement waits for the Budget row: its snapshot (taken before) does not show that
     run, so it must not decide on it. It admits nothing itself and the lock decides: held."""
     first, second = _sent(capped, "0/a"), _sent(capped, "0/b")
-    other = _connect()
+    other = connect_outside_django()
     result = {}
     try:
         other.execute("UPDATE budgets_budget SET max_concurrent = max_concurrent WHERE account_id = %s",
@@ -99,7 +82,8 @@ def test_it_yields_to_an_admission_under_the_lock_that_committed_after_its_snaps
 
         thread = threading.Thread(target=admit_second)
         thread.start()
-        wait_for(lambda: _waiting_for_a_lock(other), timeout=10, message="the admission to wait for the Budget row")
+        wait_for(lambda: backend_waiting_for(other, "%WITH b AS%"), timeout=10,
+                 message="the admission to wait for the Budget row")
         other.commit()
         thread.join(10)
     finally:

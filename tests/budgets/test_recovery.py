@@ -3,9 +3,7 @@ what it recorded: "settlement charges exactly the run's recorded CPU" (SPEC §4)
 import datetime as dt
 import time
 
-import psycopg
 import pytest
-from django.conf import settings as django_settings
 from django.db import connection
 from django.utils import timezone
 
@@ -16,7 +14,7 @@ from scheduling.envelope import Envelope
 from scheduling.models import Outcome, TaskRun, WorkerHeartbeat
 from scheduling.runtime import enqueue, execute
 from scheduling.services import task_runs_sweep_lost
-from tests.conftest import wait_for
+from tests.conftest import backend_waiting_for, connect_outside_django, wait_for
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -32,25 +30,6 @@ def run_job(job: str) -> TaskRun:
     return TaskRun.objects.filter(job=job).latest("pk")
 
 
-def _connect() -> psycopg.Connection:
-    """A connection of the test's own, outside Django's, to play the slow transaction."""
-    db = django_settings.DATABASES["default"]
-    return psycopg.connect(dbname=db["NAME"], user=db["USER"], password=db["PASSWORD"] or None,
-                           host=db["HOST"] or None, port=db["PORT"] or None, autocommit=False)
-
-
-def _backend_waiting_for(locker: psycopg.Connection, query_like: str) -> int | None:
-    """The server pid of a session blocked on a lock, running a query like `query_like` (not the
-    locker's own)."""
-    with connection.cursor() as cursor:
-        cursor.execute(
-            "SELECT pid FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND query ILIKE %s AND pid <> %s",
-            [query_like, locker.info.backend_pid],
-        )
-        row = cursor.fetchone()
-    return row[0] if row else None
-
-
 @pytest.mark.processes
 def test_settlement_reconnects_after_its_connection_dropped(account, start_cluster):
     Budget.objects.create(account=account, queue="default", cpu_seconds_per_day=10_000, max_concurrent=2)
@@ -61,11 +40,11 @@ def test_settlement_reconnects_after_its_connection_dropped(account, start_clust
 
     # A slow transaction (or a failover) holds the account's ledger row of the day while the run
     # finishes: its settlement waits on the lock, and then its connection is cut.
-    locker = _connect()
+    locker = connect_outside_django()
     try:
         locker.execute("SELECT 1 FROM budgets_usageday WHERE account_id = %s AND queue = 'default' FOR UPDATE",
                        [account.pk])
-        blocked = wait_for(lambda: _backend_waiting_for(locker, "WITH r AS (%DELETE FROM budgets_reservation%"),
+        blocked = wait_for(lambda: backend_waiting_for(locker, "WITH r AS (%DELETE FROM budgets_reservation%"),
                            timeout=30, message=f"the settlement to wait on the ledger row; log:\n{cluster.log()}")
         with connection.cursor() as cursor:
             cursor.execute("SELECT pg_terminate_backend(%s)", [blocked])
