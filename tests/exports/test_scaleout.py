@@ -90,6 +90,10 @@ def test_two_clusters_per_queue_survive_losing_one_and_keep_budgets_caps_and_sch
     _wait(lambda: not TaskRun.objects.filter(job=BUILD_JOB, outcome=Outcome.RUNNING).exists()
           and not Reservation.objects.filter(status=ReservationStatus.ACTIVE).exists(),
           timeout=120, what="every run settled or reclaimed", clusters=host_b)
+    # django-q2's scheduler first ticks 30 s after a cluster starts: on a fast machine the exports
+    # are done before that, so wait for the first tick's runs before stopping.
+    _wait(lambda: all(TaskRun.objects.filter(job=spec.job, started_at__gte=since).exists() for spec in SCHEDULES),
+          timeout=90, what="the first scheduler tick's runs", clusters=host_b)
     processes.stop_all(host_b)
 
     for record in records:
