@@ -5,8 +5,8 @@
     .venv/bin/python bench/budget_overhead.py --quick    # 300 tasks per path, 2 rounds
     .venv/bin/python bench/budget_overhead.py --tasks 5000 --rounds 5 --workers 2
 
-Two paths through the same real `manage.py qcluster` (2 workers, ORM broker, the benchmark's own
-database), in the same run, alternating which goes first in each round:
+Three paths through the same real `manage.py qcluster` (2 workers, ORM broker, the benchmark's own
+database), in the same run, each going first in turn:
 
 - bare:  `async_task("bench.noop.noop", <an envelope-sized dict>)` N times;
 - chain: `scheduling.runtime.enqueue(job="scheduling.noop", ...)` N times for one account whose budget
@@ -15,12 +15,17 @@ database), in the same run, alternating which goes first in each round:
   burst in the holding area — that path is what bench/fairness.py measures): the enqueue-time
   check (a dispatched slot), then in the worker the whole middleware chain (contract, TaskRun
   recording and metering, admission, heartbeat thread, RLIMIT_CPU, settlement) around a handler
-  that does nothing.
+  that does nothing;
+- recorded: `async_task("bench.noop.recorded", <the envelope dict>)` N times: a bare function
+  that only inserts its TaskRun and completes it (two statements). Not a goal: what any chain
+  that keeps a TaskRun per run (written as it starts, completed as it ends) must pay at the least,
+  so recorded / bare bounds what chain / bare can reach on the machine.
 
 Each path is timed from its first enqueue until the broker holds none of its messages any more
 (django-q2's monitor deletes the OrmQ row when it acknowledges a finished task; polled every 10 ms).
-The same end point serves both paths, so nothing is added to the bare function. For the chain the
-last TaskRun's finished_at is reported too. tasks/s = N / that time; the ratio is chain / bare.
+The same end point serves every path, so nothing is added to the bare function. For the chain the
+last TaskRun's finished_at is reported too. tasks/s = N / that time; the ratio is chain / bare
+(and recorded / bare beside it).
 Alongside, the CPU the whole machine spent busy over the same stretch, per task (/proc/stat: the
 benchmark's producer, every cluster process and PostgreSQL together).
 
@@ -49,8 +54,10 @@ DEFAULT_DB_NAME = "fairshare_bench_budget"
 ACCOUNT_SLUG = "bench-overhead"
 QUEUE = "default"
 BARE_FUNC = "bench.noop.noop"
+RECORDED_FUNC = "bench.noop.recorded"
 CHAIN_JOB = "scheduling.noop"
 DRAIN_TIMEOUT_S = 900
+PATHS = ("bare", "chain", "recorded")
 SLOTS = 32767  # Budget.max_concurrent's largest value: the cap never binds here
 
 
@@ -211,6 +218,28 @@ def run_bare(n: int, account_id: int, tag: str, cluster: h.Cluster) -> dict:
             "enqueue_s": t_enq - t0, "enqueue_per_s": n / (t_enq - t0), "machine_cpu_ms_per_task": cpu_ms}
 
 
+def run_recorded(n: int, account_id: int, tag: str, cluster: h.Cluster) -> dict:
+    """The run's record alone (`bench.noop.recorded`): as `run_bare`, each task writing its TaskRun."""
+    from django_q.tasks import async_task
+
+    from scheduling.models import TaskRun
+
+    cpu0 = h.machine_cpu_seconds()
+    t0 = time.perf_counter()
+    for i in range(n):
+        async_task(RECORDED_FUNC, envelope_message(account_id, f"{tag}-{i}"), task_name=f"bench.recorded:{tag}-{i}")
+    t_enq = time.perf_counter()
+    h.wait_until(h.broker_empty, timeout=DRAIN_TIMEOUT_S, what=f"{tag}: broker drained", cluster=cluster)
+    t_end = time.perf_counter()
+    cpu_ms = _machine_cpu_ms_per_task(cpu0, n)
+    done = TaskRun.objects.filter(ref__startswith=f"{tag}-", outcome="succeeded", finished_at__isnull=False).count()
+    if done != n:
+        raise RuntimeError(f"{tag}: expected {n} recorded runs, found {done}:\n{cluster.tail(40)}")
+    seconds = t_end - t0
+    return {"tasks": n, "seconds": seconds, "tasks_per_s": n / seconds,
+            "enqueue_s": t_enq - t0, "enqueue_per_s": n / (t_enq - t0), "machine_cpu_ms_per_task": cpu_ms}
+
+
 def _machine_cpu_ms_per_task(cpu0: float | None, n: int) -> float | None:
     """The whole machine's busy CPU since `cpu0` (h.machine_cpu_seconds), per task."""
     cpu1 = h.machine_cpu_seconds()
@@ -333,13 +362,14 @@ def main(argv=None) -> int:
         # Warm-up (not measured): workers forked, modules imported, both paths exercised.
         run_bare(50, account_id, "warm-bare", cluster)
         run_chain(50, account_id, "warm-chain", cluster)
+        run_recorded(50, account_id, "warm-recorded", cluster)
         log(f"cluster ready (pid {cluster.pid})")
         for r in range(args.rounds):
-            order = ("bare", "chain") if r % 2 == 0 else ("chain", "bare")
+            order = PATHS[r % 3:] + PATHS[:r % 3]  # each path first in turn
             result = {"order": list(order)}
             for path in order:
                 time.sleep(1.0)  # let the previous path's tail (logging, recycling) settle
-                run = run_bare if path == "bare" else run_chain
+                run = {"bare": run_bare, "chain": run_chain, "recorded": run_recorded}[path]
                 if args.sample_waits:
                     with h.WaitSampler(db_url) as sampler:
                         result[path] = run(args.tasks, account_id, f"r{r}-{path}", cluster)
@@ -349,18 +379,19 @@ def main(argv=None) -> int:
                 log(f"round {r + 1}: {path:5s} {result[path]['tasks_per_s']:7.1f} tasks/s "
                     f"({result[path]['seconds']:.2f}s; enqueue {result[path]['enqueue_per_s']:.0f}/s)")
             result["ratio"] = result["chain"]["tasks_per_s"] / result["bare"]["tasks_per_s"]
+            result["recorded_ratio"] = result["recorded"]["tasks_per_s"] / result["bare"]["tasks_per_s"]
             rounds.append(result)
             h.reset_tables("scheduling.TaskRun")  # same table sizes every round
     finally:
         log("stopping qcluster")
         cluster.stop()
 
-    bare_tps = h.median([r["bare"]["tasks_per_s"] for r in rounds])
-    chain_tps = h.median([r["chain"]["tasks_per_s"] for r in rounds])
+    bare_tps, chain_tps, recorded_tps = (h.median([r[path]["tasks_per_s"] for r in rounds]) for path in PATHS)
     cpu = {path: [r[path]["machine_cpu_ms_per_task"] for r in rounds if r[path]["machine_cpu_ms_per_task"] is not None]
-           for path in ("bare", "chain")}
-    bare_cpu, chain_cpu = (h.median(cpu[path]) if cpu[path] else None for path in ("bare", "chain"))
+           for path in PATHS}
+    bare_cpu, chain_cpu, recorded_cpu = (h.median(cpu[path]) if cpu[path] else None for path in PATHS)
     ratio = chain_tps / bare_tps
+    recorded_ratio = recorded_tps / bare_tps
     per_task_overhead_ms = (1 / chain_tps - 1 / bare_tps) * 1000
     results = {
         "benchmark": "budget_overhead",
@@ -371,6 +402,7 @@ def main(argv=None) -> int:
             "bare": f"async_task({BARE_FUNC!r}, <envelope-sized dict>)",
             "chain": f"scheduling.runtime.enqueue(job={CHAIN_JOB!r}) for one account "
                      f"(cpu_seconds_per_day 10^9, max_concurrent {SLOTS})",
+            "recorded": f"async_task({RECORDED_FUNC!r}, <envelope dict>): a TaskRun inserted and completed, nothing else",
             "timing": "first enqueue -> broker drained (all OrmQ rows acknowledged), polled every 10 ms; "
                       "median over rounds",
         },
@@ -380,6 +412,8 @@ def main(argv=None) -> int:
             "chain_tasks_per_s_to_last_taskrun": h.median([r["chain"]["tasks_per_s_to_last_taskrun"] for r in rounds]),
             "per_task_overhead_ms_wall": per_task_overhead_ms,
             "bare_machine_cpu_ms_per_task": bare_cpu, "chain_machine_cpu_ms_per_task": chain_cpu,
+            "recorded_tasks_per_s": recorded_tps, "recorded_ratio": recorded_ratio,
+            "recorded_machine_cpu_ms_per_task": recorded_cpu, "chain_of_recorded": chain_tps / recorded_tps,
             "admit_plus_settle_ms": inproc["admit_plus_settle"],
         },
         "rounds": rounds,
@@ -396,10 +430,13 @@ def main(argv=None) -> int:
                          h.fmt(x["enqueue_per_s"], ".0f"), h.fmt(x["machine_cpu_ms_per_task"], ".2f"),
                          h.fmt(x.get("taskrun_start_to_finish_ms", {}).get("median"), ".1f")])
         rows.append(["", "chain/bare", "", "", h.fmt(r["ratio"], ".2f"), "", "", ""])
+        rows.append(["", "recorded/bare", "", "", h.fmt(r["recorded_ratio"], ".2f"), "", "", ""])
     rows.append(None)
     rows.append(["med", "bare", "", "", h.fmt(bare_tps, ".1f"), "", h.fmt(bare_cpu, ".2f"), ""])
     rows.append(["med", "chain", "", "", h.fmt(chain_tps, ".1f"), "", h.fmt(chain_cpu, ".2f"), ""])
+    rows.append(["med", "recorded", "", "", h.fmt(recorded_tps, ".1f"), "", h.fmt(recorded_cpu, ".2f"), ""])
     rows.append(["med", "chain/bare", "", "", h.fmt(ratio, ".2f"), "", "", ""])
+    rows.append(["med", "recorded/bare", "", "", h.fmt(recorded_ratio, ".2f"), "", "", ""])
     print()
     print(h.render_table(["round", "path", "tasks", "seconds", "tasks/s", "enqueued/s", "machine CPU ms/task",
                           "run ms (med)"], rows, right={0, 2, 3, 4, 5, 6, 7}))
@@ -428,6 +465,8 @@ def main(argv=None) -> int:
     g = results["goals"]["ratio"]
     print(f"{'PASS' if g['pass'] else 'MISS'}  {g['goal']}: {ratio:.2f} "
           f"(bare {bare_tps:.1f}/s, chain {chain_tps:.1f}/s, median of {args.rounds} rounds)")
+    print(f"the run's record alone (recorded): {recorded_ratio:.2f} of bare; the chain reaches "
+          f"{chain_tps / recorded_tps:.2f} of that")
     h.print_load(results)
 
     h.write_results(args.json, results)
