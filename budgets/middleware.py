@@ -43,7 +43,10 @@ class Watcher(threading.Thread):
     the allowance is spent, it stops the run with SIGXCPU (if the run is in the main thread, where
     `cpu_limit` handles it). Every RESERVATION_HEARTBEAT_S it reports the CPU used so far and
     renews the reservation's lease, so the slot of a run whose worker died is reclaimed once the
-    lease expires. Between runs it does nothing, and closes its connection.
+    lease expires. It also makes the look after the settlements since its last tick, once per
+    account and queue (`look_later`, `services.release_if_held`): each run's settlement spares
+    that statement. Between runs, with nothing to look for, it does nothing and closes its
+    connection.
     """
 
     _process: "Watcher | None" = None
@@ -66,6 +69,8 @@ class Watcher(threading.Thread):
         self._wake = threading.Event()
         self._refill_wanted = threading.Event()
         self._refilled = threading.Event()
+        self._looks: set[tuple[int, str]] = set()  # (account, queue) settled since the last tick
+        self._looks_lock = threading.Lock()
 
     @contextlib.contextmanager
     def watching(self, reservation_id: int, budget: RunBudget, *, interrupt_main: bool) -> Iterator[None]:
@@ -87,6 +92,12 @@ class Watcher(threading.Thread):
         self._wake.set()
         self._refilled.wait(REFILL_WAIT_S)
 
+    def look_later(self, *, account_id: int, queue: str) -> None:
+        """From the run's thread, after its settlement committed: look at the next tick whether
+        anything of the account's is held on the queue, and release what may go."""
+        with self._looks_lock:
+            self._looks.add((account_id, queue))
+
     def run(self) -> None:
         options = settings.FAIRSHARE
         tick, step = options["BUDGET_TICK_S"], options["RESERVATION_STEP_MS"]
@@ -97,14 +108,27 @@ class Watcher(threading.Thread):
                 try:
                     if self._run is not None:
                         self._tick(self._run, step=step, renew_every=options["RESERVATION_HEARTBEAT_S"])
-                    else:
-                        connections.close_all()  # this thread's own, if a run needed one
                 except Exception:  # a missed renewal only shortens the lease; the next one may work
                     connections.close_all()
                 finally:
                     if self._refill_wanted.is_set():
                         self._refill_wanted.clear()
                         self._refilled.set()
+            looked = self.look()
+            if self._run is None and not looked:
+                connections.close_all()  # this thread's own, if a run or a look needed one
+
+    def look(self) -> bool:
+        """The looks asked for since the last tick (outside the lock: a run may start meanwhile).
+        One that fails is left to the worker's pulse, which releases due held work every second."""
+        with self._looks_lock:  # a look asked for from now on waits for the next tick
+            looks, self._looks = self._looks, set()
+        for account_id, queue in looks:
+            try:
+                services.release_if_held(account_id=account_id, queue=queue)
+            except Exception:
+                connections.close_all()
+        return bool(looks)
 
     def _tick(self, run: _Watched, *, step: int, renew_every: float) -> None:
         budget, now = run.budget, time.monotonic()
@@ -154,10 +178,11 @@ class BudgetMiddleware:
         ctx.paused = admission.paused  # read with the account's state: spares the pause check a query
         ctx.budget = budget = RunBudget(admission.allowance_ms)
         in_main_thread = threading.current_thread() is threading.main_thread()
+        watcher = Watcher.of_this_process()
         cap_hit = escaped = False
         try:
             with cpu_limit(budget):
-                with Watcher.of_this_process().watching(admission.reservation_id, budget, interrupt_main=in_main_thread):
+                with watcher.watching(admission.reservation_id, budget, interrupt_main=in_main_thread):
                     self.call_next(ctx)
         except BudgetExhausted:
             cap_hit = True
@@ -179,6 +204,7 @@ class BudgetMiddleware:
                 reservation_id=admission.reservation_id, account_id=ctx.envelope.account, queue=queue,
                 meter=ctx.meter, cap_hit=cap_hit, envelope=ctx.envelope, handoff_to=handoff_to,
                 outcome=outcome, items=ctx.items, error=ctx.error, expect_held=ctx.claim is not None,
+                look_later=watcher.look_later,
             ))
             ctx.recorded = outcome is not None and settled is not None
             ctx.handoff = settled.handoff if settled else None

@@ -4,6 +4,7 @@ Each takes the account's Budget row lock (budgets.standing explains why) before 
 usage ledger or the slots, but a settlement's charge: one statement of its own (`settle`).
 """
 import datetime as dt
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 
 from django.conf import settings
@@ -217,7 +218,7 @@ def reservation_grow(*, reservation_id: int, cpu_ms: int, want_ms: int) -> int:
 def settle(
     *, reservation_id: int, account_id: int, queue: str, meter: Meter, cap_hit: bool = False,
     envelope: Envelope | None = None, handoff_to: str | None = None, outcome: str | None = None, items: int = 0,
-    error: BaseException | None = None, expect_held: bool = False,
+    error: BaseException | None = None, expect_held: bool = False, look_later: Callable[..., None] | None = None,
 ) -> handoff.Settled | None:
     """After a run: charge its measured CPU, free its reservation and slot, add its waits, and
     record the figures on its run (with how it ended, when `outcome` is given).
@@ -232,7 +233,10 @@ def settle(
     the account (seen by that statement, or by a look once it committed) does the settlement take
     the lock to pass the slot on. A job put on hold meanwhile is not missed: a hold that waits for
     a slot or budget looks again once it committed (`wake_when_committed`), and of the two looks,
-    each after its own commit, one sees the other's. A run that came from the holding area
+    each after its own commit, one sees the other's. With `look_later` (a worker's watcher, which
+    makes the look for the settlements since its last tick: `release_if_held`) the settlement's
+    look is left to it: it only matters for a hold that committed while the charge ran, and
+    waits a tick at most. A run that came from the holding area
     (`expect_held`: its account most likely has more there) passes its slot on to the next held
     job in the charge's own statement when it may (PostgreSQL: `handoff.pass_on`, no lock either);
     elsewhere it settles under the lock, with what follows in the same transaction, as does a run
@@ -263,7 +267,9 @@ def settle(
         fault_point("after_pass_on")
         return handoff.Settled(handoff=handoff.passed_on(charged.passed, account_id=account_id))
     claimed = None
-    if charged.was_active and (charged.held or standing.held(account_id=account_id, queue=queue)):
+    if charged.was_active and not charged.held and look_later is not None:
+        look_later(account_id=account_id, queue=queue)
+    elif charged.was_active and (charged.held or standing.held(account_id=account_id, queue=queue)):
         with transaction.atomic():
             state = _locked_state(account_id=account_id, queue=queue, day=day)
             claimed = _pass_on(account_id=account_id, queue=queue, state=state, day=day, handoff_to=handoff_to)
@@ -335,6 +341,14 @@ def wake_when_committed(*, account_id: int, queue: str, reason: str, eligible_at
             _release_locked(account_id=account_id, queue=queue, day=day)
 
     transaction.on_commit(wake, robust=True)
+
+
+def release_if_held(*, account_id: int, queue: str) -> int:
+    """A settlement's look after its commit, made later (`settle`'s `look_later`): when anything
+    of the account's is held on the queue, release what its free slots let go. Returns how many."""
+    if not standing.held(account_id=account_id, queue=queue):
+        return 0
+    return _release_locked(account_id=account_id, queue=queue, day=clock.budget_day())
 
 
 def _release_locked(*, account_id: int, queue: str, day: dt.date) -> int:

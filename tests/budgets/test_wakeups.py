@@ -5,6 +5,7 @@ import threading
 
 import pytest
 from django.db import connection
+from django.test.utils import CaptureQueriesContext
 
 from budgets import clock
 from budgets.models import Budget, Reservation, ReservationStatus, UsageDay
@@ -111,3 +112,57 @@ def test_a_settlement_whose_charge_missed_a_hold_finds_it_once_committed(
     released = Reservation.objects.filter(ref="wake/held", status=ReservationStatus.DISPATCHED).exists()
     assert released is look_after_the_charge
     assert DeferredTask.objects.filter(ref="wake/held").exists() is not look_after_the_charge
+
+
+@pytest.mark.parametrize("watcher_looks", [True, False])
+def test_a_workers_settlement_leaves_its_look_to_the_watcher(account, running, monkeypatch, watcher_looks):
+    """In a worker the settlement's look after its commit is the watcher thread's, made at its
+    next tick for every account and queue settled since (a statement less per run): the same
+    missed hold as above is released by it, and only by it."""
+    from budgets import ledger
+    from budgets.middleware import Watcher
+
+    assert not admit_at_enqueue(envelope=Envelope(job="tests.noop", account=account.pk, ref="wake/held"),
+                                queue="default")
+    real_charge = ledger.charge
+    monkeypatch.setattr("budgets.ledger.charge", lambda **kwargs: (lambda c: c and type(c)(
+        c.task_run_id, c.was_active, held=False, waiting=c.waiting))(real_charge(**kwargs)))
+    if not watcher_looks:
+        monkeypatch.setattr("budgets.services.release_if_held", lambda **kwargs: 0)
+    watcher = Watcher()  # not started: its tick's look is made below
+
+    with CaptureQueriesContext(connection) as queries:
+        settled = settle(reservation_id=running.reservation_id, account_id=account.pk, queue="default",
+                         meter=stopped_meter(), look_later=watcher.look_later)
+
+    assert settled is not None and len(queries) == 1  # the charge alone
+    assert DeferredTask.objects.filter(ref="wake/held").exists()
+    assert watcher.look() is True and watcher.look() is False  # once per settled account and queue
+    released = Reservation.objects.filter(ref="wake/held", status=ReservationStatus.DISPATCHED).exists()
+    assert released is watcher_looks
+    assert DeferredTask.objects.filter(ref="wake/held").exists() is not watcher_looks
+
+
+def test_the_watcher_thread_makes_the_look_at_its_tick(account, running, monkeypatch):
+    """The same with the watcher running (a daemon thread, as in a worker): nothing else looks
+    here (no pulse in tests), so the held job is released by its tick."""
+    import time
+
+    from budgets import ledger
+    from budgets.middleware import Watcher
+
+    assert not admit_at_enqueue(envelope=Envelope(job="tests.noop", account=account.pk, ref="wake/held"),
+                                queue="default")
+    real_charge = ledger.charge
+    monkeypatch.setattr("budgets.ledger.charge", lambda **kwargs: (lambda c: c and type(c)(
+        c.task_run_id, c.was_active, held=False, waiting=c.waiting))(real_charge(**kwargs)))
+    watcher = Watcher()
+    watcher.start()
+
+    settle(reservation_id=running.reservation_id, account_id=account.pk, queue="default",
+           meter=stopped_meter(), look_later=watcher.look_later)
+
+    deadline = time.monotonic() + 20  # a tick is 0.2 s; bounded, not timed
+    while DeferredTask.objects.filter(ref="wake/held").exists() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert Reservation.objects.filter(ref="wake/held", status=ReservationStatus.DISPATCHED).exists()
