@@ -54,6 +54,32 @@ def settle_in_another_session(account, reservation_id: int) -> None:
     assert not errors, errors
 
 
+@pytest.fixture
+def held_while_charging(account, monkeypatch):
+    """A job held for the account (its slot is taken), and a charge made to have missed the hold
+    (its snapshot taken before the hold committed, the hold's own look before the charge
+    committed)."""
+    from budgets import ledger
+
+    assert not admit_at_enqueue(envelope=Envelope(job="tests.noop", account=account.pk, ref="wake/held"),
+                                queue="default")
+    real_charge = ledger.charge
+
+    def charge_that_missed_the_hold(**kwargs):
+        charged = real_charge(**kwargs)
+        return charged and type(charged)(charged.task_run_id, charged.was_active, held=False,
+                                          waiting=charged.waiting)
+
+    monkeypatch.setattr("budgets.ledger.charge", charge_that_missed_the_hold)
+
+
+def released() -> bool:
+    """Whether the held job was released into the freed slot (sent, its hold gone)."""
+    sent = Reservation.objects.filter(ref="wake/held", status=ReservationStatus.DISPATCHED).exists()
+    assert sent is not DeferredTask.objects.filter(ref="wake/held").exists()
+    return sent
+
+
 @pytest.mark.parametrize("look_after_the_hold", [True, False])
 def test_a_job_held_while_the_slot_is_freed_is_released_by_the_look_after_its_hold(
     account, running, monkeypatch, look_after_the_hold,
@@ -77,31 +103,17 @@ def test_a_job_held_while_the_slot_is_freed_is_released_by_the_look_after_its_ho
                                 queue="default")
 
     assert not Reservation.objects.filter(ref="wake/running").exists()
-    released = Reservation.objects.filter(ref="wake/held", status=ReservationStatus.DISPATCHED).exists()
-    assert released is look_after_the_hold  # else the wake-up would be lost until the next pulse
-    assert DeferredTask.objects.filter(ref="wake/held").exists() is not look_after_the_hold
+    assert released() is look_after_the_hold  # else the wake-up would be lost until the next pulse
     assert UsageDay.objects.get(account=account, day=clock.budget_day()).runs == 1
 
 
 @pytest.mark.parametrize("look_after_the_charge", [True, False])
 def test_a_settlement_whose_charge_missed_a_hold_finds_it_once_committed(
-    account, running, monkeypatch, look_after_the_charge,
+    account, running, held_while_charging, monkeypatch, look_after_the_charge,
 ):
     """The hold committed after the charge's statement took its snapshot (and the hold's own look
     ran before the charge committed, seeing the slot still taken): only the settlement's look
     after its commit can find it. Here the charge is made to have missed it."""
-    assert not admit_at_enqueue(envelope=Envelope(job="tests.noop", account=account.pk, ref="wake/held"),
-                                queue="default")
-    from budgets import ledger
-
-    real_charge = ledger.charge
-
-    def charge_that_missed_the_hold(**kwargs):
-        charged = real_charge(**kwargs)
-        return charged and type(charged)(charged.task_run_id, charged.was_active, held=False,
-                                          waiting=charged.waiting)
-
-    monkeypatch.setattr("budgets.ledger.charge", charge_that_missed_the_hold)
     if not look_after_the_charge:
         monkeypatch.setattr("budgets.standing.held", lambda **kwargs: False)
 
@@ -109,24 +121,18 @@ def test_a_settlement_whose_charge_missed_a_hold_finds_it_once_committed(
                      meter=stopped_meter())
 
     assert settled is not None
-    released = Reservation.objects.filter(ref="wake/held", status=ReservationStatus.DISPATCHED).exists()
-    assert released is look_after_the_charge
-    assert DeferredTask.objects.filter(ref="wake/held").exists() is not look_after_the_charge
+    assert released() is look_after_the_charge
 
 
 @pytest.mark.parametrize("watcher_looks", [True, False])
-def test_a_workers_settlement_leaves_its_look_to_the_watcher(account, running, monkeypatch, watcher_looks):
+def test_a_workers_settlement_leaves_its_look_to_the_watcher(
+    account, running, held_while_charging, monkeypatch, watcher_looks,
+):
     """In a worker the settlement's look after its commit is the watcher thread's, made at its
     next tick for every account and queue settled since (a statement less per run): the same
     missed hold as above is released by it, and only by it."""
-    from budgets import ledger
     from budgets.middleware import Watcher
 
-    assert not admit_at_enqueue(envelope=Envelope(job="tests.noop", account=account.pk, ref="wake/held"),
-                                queue="default")
-    real_charge = ledger.charge
-    monkeypatch.setattr("budgets.ledger.charge", lambda **kwargs: (lambda c: c and type(c)(
-        c.task_run_id, c.was_active, held=False, waiting=c.waiting))(real_charge(**kwargs)))
     if not watcher_looks:
         monkeypatch.setattr("budgets.services.release_if_held", lambda **kwargs: 0)
     watcher = Watcher()  # not started: its tick's look is made below
@@ -136,26 +142,18 @@ def test_a_workers_settlement_leaves_its_look_to_the_watcher(account, running, m
                          meter=stopped_meter(), look_later=watcher.look_later)
 
     assert settled is not None and len(queries) == 1  # the charge alone
-    assert DeferredTask.objects.filter(ref="wake/held").exists()
+    assert not released()
     assert watcher.look() is True and watcher.look() is False  # once per settled account and queue
-    released = Reservation.objects.filter(ref="wake/held", status=ReservationStatus.DISPATCHED).exists()
-    assert released is watcher_looks
-    assert DeferredTask.objects.filter(ref="wake/held").exists() is not watcher_looks
+    assert released() is watcher_looks
 
 
-def test_the_watcher_thread_makes_the_look_at_its_tick(account, running, monkeypatch):
+def test_the_watcher_thread_makes_the_look_at_its_tick(account, running, held_while_charging):
     """The same with the watcher running (a daemon thread, as in a worker): nothing else looks
     here (no pulse in tests), so the held job is released by its tick."""
     import time
 
-    from budgets import ledger
     from budgets.middleware import Watcher
 
-    assert not admit_at_enqueue(envelope=Envelope(job="tests.noop", account=account.pk, ref="wake/held"),
-                                queue="default")
-    real_charge = ledger.charge
-    monkeypatch.setattr("budgets.ledger.charge", lambda **kwargs: (lambda c: c and type(c)(
-        c.task_run_id, c.was_active, held=False, waiting=c.waiting))(real_charge(**kwargs)))
     watcher = Watcher()
     watcher.start()
 
@@ -163,6 +161,6 @@ def test_the_watcher_thread_makes_the_look_at_its_tick(account, running, monkeyp
            meter=stopped_meter(), look_later=watcher.look_later)
 
     deadline = time.monotonic() + 20  # a tick is 0.2 s; bounded, not timed
-    while DeferredTask.objects.filter(ref="wake/held").exists() and time.monotonic() < deadline:
+    while not released() and time.monotonic() < deadline:
         time.sleep(0.05)
-    assert Reservation.objects.filter(ref="wake/held", status=ReservationStatus.DISPATCHED).exists()
+    assert released()
