@@ -197,47 +197,42 @@ def measure_in_process(account_id: int, iterations: int) -> dict:
 
 # --- Through the cluster -----------------------------------------------------------------------
 
-def run_bare(n: int, account_id: int, tag: str, cluster: h.Cluster) -> dict:
-    from django_q.models import Task
+def _run_plain(func: str, n: int, account_id: int, tag: str, cluster: h.Cluster) -> dict:
+    """`async_task(func, <envelope dict>)` n times, timed from the first enqueue until the broker
+    is drained; a plain django-q2 function, outside the chain."""
     from django_q.tasks import async_task
 
-    failures_before = Task.objects.filter(success=False).count()
     cpu0 = h.machine_cpu_seconds()
     t0 = time.perf_counter()
     for i in range(n):
-        async_task(BARE_FUNC, envelope_message(account_id, f"{tag}-{i}"), task_name=f"bench.noop:{tag}-{i}")
+        async_task(func, envelope_message(account_id, f"{tag}-{i}"), task_name=f"{func}:{tag}-{i}")
     t_enq = time.perf_counter()
     h.wait_until(h.broker_empty, timeout=DRAIN_TIMEOUT_S, what=f"{tag}: broker drained", cluster=cluster)
-    t_end = time.perf_counter()
-    cpu_ms = _machine_cpu_ms_per_task(cpu0, n)
+    seconds = time.perf_counter() - t0
+    return {"tasks": n, "seconds": seconds, "tasks_per_s": n / seconds, "enqueue_s": t_enq - t0,
+            "enqueue_per_s": n / (t_enq - t0), "machine_cpu_ms_per_task": _machine_cpu_ms_per_task(cpu0, n)}
+
+
+def run_bare(n: int, account_id: int, tag: str, cluster: h.Cluster) -> dict:
+    from django_q.models import Task
+
+    failures_before = Task.objects.filter(success=False).count()
+    result = _run_plain(BARE_FUNC, n, account_id, tag, cluster)
     failures = Task.objects.filter(success=False).count() - failures_before
     if failures:
         raise RuntimeError(f"{failures} bare tasks failed:\n{cluster.tail(40)}")
-    seconds = t_end - t0
-    return {"tasks": n, "seconds": seconds, "tasks_per_s": n / seconds,
-            "enqueue_s": t_enq - t0, "enqueue_per_s": n / (t_enq - t0), "machine_cpu_ms_per_task": cpu_ms}
+    return result
 
 
 def run_recorded(n: int, account_id: int, tag: str, cluster: h.Cluster) -> dict:
     """The run's record alone (`bench.noop.recorded`): as `run_bare`, each task writing its TaskRun."""
-    from django_q.tasks import async_task
-
     from scheduling.models import TaskRun
 
-    cpu0 = h.machine_cpu_seconds()
-    t0 = time.perf_counter()
-    for i in range(n):
-        async_task(RECORDED_FUNC, envelope_message(account_id, f"{tag}-{i}"), task_name=f"bench.recorded:{tag}-{i}")
-    t_enq = time.perf_counter()
-    h.wait_until(h.broker_empty, timeout=DRAIN_TIMEOUT_S, what=f"{tag}: broker drained", cluster=cluster)
-    t_end = time.perf_counter()
-    cpu_ms = _machine_cpu_ms_per_task(cpu0, n)
+    result = _run_plain(RECORDED_FUNC, n, account_id, tag, cluster)
     done = TaskRun.objects.filter(ref__startswith=f"{tag}-", outcome="succeeded", finished_at__isnull=False).count()
     if done != n:
         raise RuntimeError(f"{tag}: expected {n} recorded runs, found {done}:\n{cluster.tail(40)}")
-    seconds = t_end - t0
-    return {"tasks": n, "seconds": seconds, "tasks_per_s": n / seconds,
-            "enqueue_s": t_enq - t0, "enqueue_per_s": n / (t_enq - t0), "machine_cpu_ms_per_task": cpu_ms}
+    return result
 
 
 def _machine_cpu_ms_per_task(cpu0: float | None, n: int) -> float | None:
