@@ -98,6 +98,14 @@ def get_context(context: TaskContext) -> dict:
     return {"id": context.task_result.id, "attempt": context.attempt, "workers": context.task_result.worker_ids}
 
 
+@task(takes_context=True)
+def sleep_on_first_attempt(context: TaskContext, seconds: float) -> str:
+    """Long the first time (long enough to be killed in), quick when it is run again."""
+    if context.attempt == 1:
+        time.sleep(seconds)
+    return f"attempt {context.attempt}"
+
+
 @task(queue_name="exports")
 def on_exports() -> str:
     return "exports"
