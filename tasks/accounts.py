@@ -19,7 +19,8 @@ from tasks.exceptions import CallRefused
 
 
 def account_of_call(*, task, kwargs: dict, name: str, system: bool) -> int | None:
-    """The account id a call is for (None: system work), taken out of `kwargs`."""
+    """The account id a call is for (None: system work), taken out of `kwargs`; whether that
+    account exists and is active is checked as the call is stored (`refused` says why not)."""
     if system:
         if name in kwargs:
             raise CallRefused(f"{task.module_path} is a system task (OPTIONS['SYSTEM_TASKS']) and runs for no "
@@ -31,18 +32,19 @@ def account_of_call(*, task, kwargs: dict, name: str, system: bool) -> int | Non
                           code="account_missing")
     value = kwargs.pop(name)
     if isinstance(value, Account):
-        account_id = value.pk
-    elif type(value) is int:  # not bool, not a numeric string: an id is an int
-        account_id = value
-    else:
-        raise CallRefused(f"{name}= must be an Account or its id (an int), not {type(value).__name__}",
-                          code="account_invalid")
-    active = Account.objects.filter(pk=account_id).values_list("is_active", flat=True).first()
-    if active is None:
-        raise CallRefused(f"no account has the id {account_id}", code="account_unknown")
-    if not active:
-        raise CallRefused(f"the account {account_id} is inactive: its work is not accepted", code="account_inactive")
-    return account_id
+        return value.pk
+    if type(value) is int:  # not bool, not a numeric string: an id is an int
+        return value
+    raise CallRefused(f"{name}= must be an Account or its id (an int), not {type(value).__name__}",
+                      code="account_invalid")
+
+
+def refused(account_id: int) -> CallRefused:
+    """Why the call's account may not have work: unknown or inactive. (Whether it may is asked by
+    the call's own insert, tasks/statements.py: no round trip of its own.)"""
+    if Account.objects.filter(pk=account_id).exists():
+        return CallRefused(f"the account {account_id} is inactive: its work is not accepted", code="account_inactive")
+    return CallRefused(f"no account has the id {account_id}", code="account_unknown")
 
 
 @functools.cache

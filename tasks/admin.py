@@ -40,7 +40,7 @@ class TaskCallAdmin(ReadOnlyAdmin):
         (None, {"fields": ["id", "task_path", "backend", "account", "queue", "priority", "run_after", "status",
                            "waiting"]}),
         ("Call", {"fields": ["arguments_shown", "result_shown", "errors_shown"]}),
-        ("Attempts", {"fields": ["attempt_count", "attempt_limit", "worker_ids", "run", "enqueued_at", "sent_at",
+        ("Attempts", {"fields": ["attempt_count", "attempt_limit", "workers", "run", "enqueued_at", "sent_at",
                                  "started_at", "last_attempted_at", "finished_at"]}),
     ]
 

@@ -10,14 +10,16 @@ exports/leases.py). Each transition is one guarded UPDATE whose `== 1` is the ve
 
 The fence is the call's `run`: a claim makes the claiming run's TaskRun the call's, and every
 write of a run is guarded by it, so a run that lost its call (its worker froze, the reconciler
-gave the call to another run) writes nothing. The claim reads the row and compares-and-swaps on
-that same field: two deliveries of one message claim it once.
+gave the call to another run) writes nothing. Transitions that write what they read (the errors)
+compare and swap on the status and that same field. The claim and the completion, which every
+call pays for, are hand-written statements (tasks/statements.py).
 """
 from dataclasses import dataclass
 
+from django.db.models import F
 from django.utils import timezone
 
-from tasks import payload
+from tasks import payload, statements
 from tasks.compat import TaskResultStatus as Status
 from tasks.exceptions import Cancelled, OutOfAttempts, WorkerLost
 from tasks.models import TaskCall
@@ -32,24 +34,18 @@ class Claimed:
 
 
 def claim(*, call_id, worker: str, run_id: int) -> Claimed | None:
-    """READY -> RUNNING for the run `run_id` on `worker` (one more worker id, one more attempt).
-    None when the call is not ready (finished, running elsewhere, cancelled, pruned) or another
-    delivery claimed it first. A call out of attempts is failed instead (READY -> FAILED)."""
-    call = TaskCall.objects.filter(pk=call_id, status=Status.READY).first()
-    if call is None:
-        return None
-    if call.attempt_count >= call.attempt_limit:
-        error = payload.recorded_error(OutOfAttempts, f"a message arrived after all {call.attempt_limit} attempts")
-        _swap(call, status=Status.FAILED, errors=[*call.errors, error], finished_at=timezone.now())
-        return None
-    now = timezone.now()
-    values = {"status": Status.RUNNING, "run_id": run_id, "worker_ids": [*call.worker_ids, worker],
-              "attempt_count": call.attempt_count + 1, "started_at": call.started_at or now, "last_attempted_at": now}
-    # Compare and swap on the run: a duplicate delivery that read the same row loses here (and so
-    # the attempt count and worker ids written are the ones read plus this run's).
-    if not _swap(call, **values):
-        return None
-    return Claimed(call=call, run_id=run_id)
+    """READY -> RUNNING for the run `run_id` on `worker` (one more worker id, one more attempt):
+    one statement (tasks/statements.py). None when the call is not ready (finished, running
+    elsewhere, cancelled, pruned) or another delivery claimed it first. A ready call out of
+    attempts is failed instead (READY -> FAILED)."""
+    call = statements.claim(call_id=call_id, worker=worker, run_id=run_id, now=timezone.now())
+    if call is not None:
+        return Claimed(call=call, run_id=run_id)
+    spent = TaskCall.objects.filter(pk=call_id, status=Status.READY, attempt_count__gte=F("attempt_limit")).first()
+    if spent is not None:
+        error = payload.recorded_error(OutOfAttempts, f"a message arrived after all {spent.attempt_limit} attempts")
+        _swap(spent, status=Status.FAILED, errors=[*spent.errors, error], finished_at=timezone.now())
+    return None
 
 
 def _swap(call: TaskCall, **values) -> bool:
@@ -72,8 +68,12 @@ def _of_run(claimed: Claimed, **values) -> bool:
 
 
 def complete(claimed: Claimed, *, value) -> bool:
-    """RUNNING -> SUCCESSFUL with the stored return value."""
-    return _of_run(claimed, status=Status.SUCCESSFUL, return_value=value, finished_at=timezone.now())
+    """RUNNING -> SUCCESSFUL with the stored return value (one statement: tasks/statements.py)."""
+    now = timezone.now()
+    if not statements.complete(call=claimed.call, run_id=claimed.run_id, value=value, now=now):
+        return False
+    claimed.call.status, claimed.call.return_value, claimed.call.finished_at = Status.SUCCESSFUL, value, now
+    return True
 
 
 def fail(claimed: Claimed, *, error: dict, final: bool) -> bool:

@@ -36,7 +36,8 @@ class TaskCall(models.Model):
     return_value = models.JSONField(null=True, blank=True)
     errors = models.JSONField(default=list, blank=True,
                               help_text="One per failed attempt: exception class path and traceback, redacted")
-    worker_ids = models.JSONField(default=list, blank=True, help_text="host:pid of each worker that started it")
+    # Text, one id a line, not JSON: a claim appends its worker with `||`, in one portable statement.
+    workers = models.TextField(blank=True, default="", help_text="host:pid of each worker that started it, one a line")
     # Attempts counted against the limit: a run stopped at the daily CPU cap gives its attempt back.
     attempt_count = models.PositiveSmallIntegerField(default=0)
     attempt_limit = models.PositiveSmallIntegerField(default=5)
@@ -70,3 +71,7 @@ class TaskCall(models.Model):
 
     def __str__(self) -> str:
         return f"{self.task_path.rsplit('.', 1)[-1]} {self.pk} ({self.status})"
+
+    @property
+    def worker_ids(self) -> list[str]:
+        return self.workers.splitlines()

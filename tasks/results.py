@@ -1,4 +1,6 @@
 """A stored call as the framework's TaskResult, and the Task it calls."""
+import functools
+
 from django.utils.module_loading import import_string
 
 from tasks import accounts
@@ -11,10 +13,16 @@ def task_of(call: TaskCall) -> Task:
     """The call's Task as it was enqueued (priority, queue, run_after, backend). ImportError when
     its module or function is gone; NotATask when the path names something else (a stored path is
     never trusted to be a Task: it is imported, not called, until it is checked)."""
-    task = import_string(call.task_path)
+    return _task(call.task_path, call.priority, call.queue, call.run_after, call.backend)
+
+
+@functools.lru_cache(maxsize=1024)
+def _task(path: str, priority: int, queue: str, run_after, backend: str) -> Task:
+    """Tasks are immutable: one per shape, validated once (`using` asks the backend each time)."""
+    task = import_string(path)
     if not isinstance(task, Task):
-        raise NotATask(f"{call.task_path} is not a Task (a function decorated with @task)")
-    return task.using(priority=call.priority, queue_name=call.queue, run_after=call.run_after, backend=call.backend)
+        raise NotATask(f"{path} is not a Task (a function decorated with @task)")
+    return task.using(priority=priority, queue_name=queue, run_after=run_after, backend=backend)
 
 
 def function_kwargs(call: TaskCall, task: Task) -> dict:

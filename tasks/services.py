@@ -2,12 +2,14 @@
 
 (Its state transitions are tasks/calls.py; the operators' actions tasks/operations.py.)
 """
+import contextlib
+
 from django.db import transaction
 from django.utils import timezone
 
 from scheduling.registry import get_job
 from scheduling.runtime import _commits_with_the_broker, enqueue
-from tasks import routing
+from tasks import accounts, routing, statements
 from tasks.models import TaskCall
 
 
@@ -28,14 +30,17 @@ def call_enqueue(*, backend: str, task, account_id: int | None, arguments: dict)
         priority=task.priority, run_after=task.run_after, arguments=arguments, enqueued_at=now, sent_at=now,
         attempt_limit=get_job(job).retry.max_attempts,
     )
-    # The kernel's own rule for "one transaction with the broker" (scheduling.runtime).
-    if _commits_with_the_broker():
-        with transaction.atomic():
-            call.save(force_insert=True)
+    together = _commits_with_the_broker()  # the kernel's own rule (scheduling.runtime)
+    caller_transaction = transaction.get_connection().in_atomic_block
+    with contextlib.nullcontext() if caller_transaction else transaction.atomic():
+        if not statements.insert(call):
+            if caller_transaction:  # no rollback of ours will take the row: it goes now
+                TaskCall.objects.filter(pk=call.pk).delete()
+            raise accounts.refused(account_id)
+        if together:
             send(call)
-    else:
-        call.save(force_insert=True)
-        transaction.on_commit(lambda: send(call))
+        else:
+            transaction.on_commit(lambda: send(call))
     return call
 
 

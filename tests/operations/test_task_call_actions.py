@@ -29,7 +29,7 @@ def _log(result) -> list[str]:
 
 def _failed(result) -> None:
     TaskCall.objects.filter(pk=result.id).update(
-        status=TaskResultStatus.FAILED, attempt_count=5, finished_at=timezone.now(), worker_ids=["w:1"] * 5,
+        status=TaskResultStatus.FAILED, attempt_count=5, finished_at=timezone.now(), workers="w:1\n" * 5,
         errors=[{"exception_class_path": "builtins.ValueError", "traceback": "ValueError: no\n"}])
 
 

@@ -145,7 +145,7 @@ def test_get_result_and_refresh_read_the_stored_call(account):
 
     now = timezone.now()
     TaskCall.objects.filter(pk=result.id).update(status=TaskResultStatus.SUCCESSFUL, return_value=42,
-                                                 started_at=now, finished_at=now, worker_ids=["w:1"])
+                                                 started_at=now, finished_at=now, workers="w:1\n")
     assert result.status == TaskResultStatus.READY
     result.refresh()
     assert (result.status, result.return_value, result.attempts, result.finished_at) == (

@@ -8,7 +8,7 @@ from django.test.utils import CaptureQueriesContext
 
 from budgets.models import Budget
 from scheduling.models import DeferReason, DeferredTask, Outcome, TaskRun
-from scheduling.runtime import execute
+from scheduling.runtime import enqueue, execute
 from tasks.compat import TaskResultStatus, task_finished, task_started
 from tasks.models import TaskCall
 from tests.tasks import functions as f
@@ -137,17 +137,31 @@ def test_a_duplicate_delivery_runs_the_call_once(account, budget):
         Outcome.SKIPPED, Outcome.SUCCEEDED]
 
 
-def test_a_run_costs_the_chain_three_statements_more_than_a_job(account, budget):
-    """Counts, not timings (bench/tasks_overhead.py has those): claim (read, then a guarded
-    update) and completion, beside the chain's own admission and settlement; no transaction."""
+def test_a_call_costs_two_statements_more_than_a_job_and_no_transaction(account, budget):
+    """Counts, not timings (bench/tasks_overhead.py has those): the claim and the completion,
+    beside the chain's own admission and settlement (2 statements for a job, tests/budgets/
+    test_lean_chain.py)."""
     run_here(f.noop.enqueue(account=account))  # the day's first run creates its ledger row
-    result = f.noop.enqueue(account=account)
+    message = envelope(f.noop.enqueue(account=account))
     with CaptureQueriesContext(connection) as queries:
-        run_here(result)
+        execute(message)
     statements = [q["sql"] for q in queries if q["sql"].strip().upper() not in {"BEGIN", "COMMIT", "ROLLBACK"}]
-    sql_of_run = [s for s in statements if "tasks_taskcall" in s and "scheduling_taskrun" not in s]
-    assert len(sql_of_run) == 3 + 1, statements  # + the helper's own read of the envelope
+    assert len(statements) == 4, statements
+    assert [s.split()[0] for s in statements if "tasks_taskcall" in s] == ["UPDATE", "UPDATE"]
     assert not any(q["sql"].strip().upper() == "COMMIT" for q in queries)
+
+
+def test_an_enqueue_costs_one_statement_more_than_a_jobs(account, budget):
+    """The call's insert, with its account's check in it, in the kernel's enqueue transaction."""
+    f.noop.enqueue(account=account)  # warm: the account's first enqueue of the day
+    with CaptureQueriesContext(connection) as queries:
+        f.noop.enqueue(account=account)
+    statements = [q["sql"] for q in queries if q["sql"].strip().upper() not in {"BEGIN", "COMMIT", "ROLLBACK"}]
+    assert [s.split()[0:3] for s in statements if "tasks_taskcall" in s] == [["INSERT", "INTO", "tasks_taskcall"]]
+    assert sum(q["sql"].strip().upper() == "COMMIT" for q in queries) == 1  # one transaction, the broker's too
+    with CaptureQueriesContext(connection) as job_queries:
+        enqueue(job="tests.noop", account=account.pk, ref="a job")
+    assert len(statements) == len(job_queries) - 2 + 1  # (the job's BEGIN and COMMIT are in its log)
 
 
 def test_a_transient_failure_waits_ready_for_its_retry_with_its_error_on_record(account, budget):
