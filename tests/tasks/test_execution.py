@@ -4,6 +4,7 @@ each way a task can end, and the TaskRun that metered it. The same behaviours wi
 workers: test_worker.py."""
 import pytest
 from django.db import connection
+from django.test import override_settings
 from django.test.utils import CaptureQueriesContext
 
 from budgets.models import Budget
@@ -183,3 +184,23 @@ def test_a_run_stopped_at_the_daily_cap_gives_its_attempt_back_and_waits(account
     assert result.status == TaskResultStatus.READY and result.errors == []
     assert (call.attempt_count, len(call.worker_ids)) == (0, 1)  # it did start on that worker
     assert DeferredTask.objects.get(ref=result.id).reason == DeferReason.BUDGET_EXHAUSTED
+
+
+@override_settings(TASKS={"default": {"BACKEND": "tasks.backend.FairshareBackend", "QUEUES": ["default"],
+                                      "OPTIONS": {"SYSTEM_TASKS": ["tests.tasks.functions.flaky"]}}})
+def test_a_transient_failure_the_retry_middleware_gives_up_on_fails_the_call_and_says_so():
+    """System work is not retried: the job's on_give_up fails what the run left READY."""
+    seen = []
+    receiver = lambda sender, task_result, **kw: seen.append(task_result.status)  # noqa: E731
+    task_finished.connect(receiver)
+    try:
+        result = f.flaky.enqueue()
+        run_here(result)
+    finally:
+        task_finished.disconnect(receiver)
+    result.refresh()
+    assert result.status == TaskResultStatus.FAILED and result.finished_at is not None
+    assert result.errors[0].exception_class is ConnectionError
+    assert seen == [TaskResultStatus.FAILED]
+    assert TaskRun.objects.get(ref=result.id).outcome == Outcome.FAILED
+
