@@ -49,16 +49,25 @@ def _lost_runs() -> int:
 
 
 def _lost_messages() -> int:
-    """READY calls sent before the stale time that are neither held nor in flight."""
-    stale = timezone.now() - dt.timedelta(seconds=settings.FAIRSHARE["TASKS_STALE_AFTER_S"])
+    """READY calls sent before the stale time that are neither held nor in flight.
+
+    An account's call sent to the broker holds a slot until it starts; if its message is lost, the
+    kernel notices when the slot's dispatch lease ends and holds the call again (`message_lost`).
+    So an account's call is sent again here only when it has no live slot at all (a send that
+    failed after its row committed); a system call, which takes no slot, once it is stale (with
+    the Redis broker a killed worker's message is gone). A spare message costs nothing: the claim
+    decides what runs."""
+    now = timezone.now()
+    stale = now - dt.timedelta(seconds=settings.FAIRSHARE["TASKS_STALE_AFTER_S"])
     waiting = list(TaskCall.objects.filter(status=Status.READY, sent_at__lt=stale).order_by("sent_at")[:BATCH])
     if not waiting:
         return 0
     jobs = {routing.job_name(queue=c.queue, system=c.account_id is None) for c in waiting}
     refs = [str(c.pk) for c in waiting]
     busy = set(DeferredTask.objects.filter(job__in=jobs, ref__in=refs).values_list("ref", flat=True))
-    for job in jobs:  # an account's call sent into a slot holds it until it starts (or its dispatch lease ends)
-        busy.update(refs_in_flight(job=job, sent_since=stale).filter(ref__in=refs))
+    any_live_slot = now - dt.timedelta(seconds=settings.FAIRSHARE["DISPATCH_LEASE_S"])
+    for job in jobs:
+        busy.update(refs_in_flight(job=job, sent_since=any_live_slot).filter(ref__in=refs))
     touched = 0
     for call in waiting:
         if str(call.pk) not in busy and calls.resent(call):

@@ -95,6 +95,18 @@ def test_a_ready_call_whose_message_was_lost_is_sent_again_once_stale(account, o
     assert reconcile_calls() == 0  # its sent_at moved on, and its new message holds a slot
 
 
+def test_a_stale_call_whose_slot_is_still_dispatched_is_left_to_the_kernel(
+        account, settings, django_capture_on_commit_callbacks):
+    """Its message may wait in a busy broker: the slot's dispatch lease decides, and the kernel
+    holds the call again (message_lost) if it ends; no second message from here meanwhile."""
+    with django_capture_on_commit_callbacks(execute=True):
+        f.noop.enqueue(account=account)
+    OrmQ.objects.all().delete()
+    TaskCall.objects.update(sent_at=timezone.now() - dt.timedelta(seconds=settings.FAIRSHARE["TASKS_STALE_AFTER_S"] + 1))
+    assert Reservation.objects.filter(status="dispatched").count() == 1
+    assert reconcile_calls() == 0 and not OrmQ.objects.exists()
+
+
 def test_finished_calls_are_pruned_after_their_retention(account):
     old, recent, waiting = (f.noop.enqueue(account=account) for _ in range(3))
     now = timezone.now()
