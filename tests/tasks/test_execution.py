@@ -2,6 +2,8 @@
 (contract, run recording, budget admission and settlement, retries): what the call records for
 each way a task can end, and the TaskRun that metered it. The same behaviours with real `qcluster`
 workers: test_worker.py."""
+import asyncio
+
 import pytest
 from django.db import connection
 from django.test import override_settings
@@ -10,7 +12,7 @@ from django.test.utils import CaptureQueriesContext
 from budgets.models import Budget
 from scheduling.models import DeferReason, DeferredTask, Outcome, TaskRun
 from scheduling.runtime import enqueue, execute
-from tasks.compat import TaskResultStatus, task_finished, task_started
+from tasks.compat import TaskResultStatus, default_task_backend, task_finished, task_started
 from tasks.models import TaskCall
 from tests.tasks import functions as f
 from tests.tasks.conftest import envelope, run_here
@@ -34,6 +36,20 @@ def test_a_call_runs_to_successful_with_its_return_value(account, budget):
     run = TaskRun.objects.get(ref=result.id)
     assert (run.job, run.account_id, run.outcome, run.items) == ("tasks.run.default", account.pk, Outcome.SUCCEEDED, 1)
     assert TaskCall.objects.get(pk=result.id).run_id == run.pk
+
+
+def test_aget_result_and_arefresh_read_it_from_async_code(account, budget, close_async_connections):
+    result = f.meaning_of_life.enqueue(account=account)
+    run_here(result)
+
+    async def read():
+        fetched = await default_task_backend.aget_result(result.id)
+        await result.arefresh()
+        return fetched
+
+    fetched = asyncio.run(read())
+    assert (fetched.status, fetched.return_value) == (TaskResultStatus.SUCCESSFUL, 42)
+    assert result.status == TaskResultStatus.SUCCESSFUL and result.return_value == 42
 
 
 def test_a_failing_call_is_failed_with_its_class_and_a_redacted_traceback(account, budget):
