@@ -13,8 +13,6 @@ try:
     from django.tasks.base import Task, TaskContext, TaskError, TaskResult, TaskResultStatus
     from django.tasks.signals import task_enqueued, task_finished, task_started
     from django.utils.json import normalize_json
-
-    FRAMEWORK = "django.tasks"
 except ImportError:  # Django 5.2: the backport
     from django_tasks import exceptions as _exceptions
     from django_tasks import default_task_backend, task, task_backends
@@ -23,14 +21,11 @@ except ImportError:  # Django 5.2: the backport
     from django_tasks.signals import task_enqueued, task_finished, task_started
     from django_tasks.utils import normalize_json
 
-    FRAMEWORK = "django_tasks"
-
 InvalidTask = getattr(_exceptions, "InvalidTask", None) or _exceptions.InvalidTaskError
 TaskResultDoesNotExist = _exceptions.TaskResultDoesNotExist
 
 __all__ = [
-    "FRAMEWORK", "BaseTaskBackend", "InvalidTask", "Task", "TaskContext", "TaskError",
-    "TaskResult", "TaskResultDoesNotExist", "TaskResultStatus", "default_task_backend", "normalize_json", "task",
-    "task_backends",
-    "task_enqueued", "task_finished", "task_started",
+    "BaseTaskBackend", "InvalidTask", "Task", "TaskContext", "TaskError", "TaskResult", "TaskResultDoesNotExist",
+    "TaskResultStatus", "default_task_backend", "normalize_json", "task", "task_backends", "task_enqueued",
+    "task_finished", "task_started",
 ]

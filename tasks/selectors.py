@@ -1,19 +1,7 @@
-"""Reads of the tasks app shared by the admin and the ops metrics."""
-from django.db.models import QuerySet
-
-from budgets.tenancy import accounts_visible_to
+"""Reads of the tasks app. (The admin scopes calls per account itself: budgets.tenancy.)"""
 from scheduling.models import DeferredTask
 from tasks import routing
 from tasks.models import TaskCall
-
-
-def calls_visible_to(*, user) -> QuerySet[TaskCall]:
-    """Calls of the accounts the user belongs to (any role); superusers see all, system calls too."""
-    if user is None or not user.is_authenticated or not user.is_active:
-        return TaskCall.objects.none()
-    if user.is_superuser:
-        return TaskCall.objects.all()
-    return TaskCall.objects.filter(account__in=accounts_visible_to(user=user))
 
 
 def holds_of(calls) -> dict[str, DeferredTask]:
