@@ -69,7 +69,8 @@ def release(*, account_id: int, queue: str, state: Standing, day: dt.date, limit
         return 0
     released = release_oldest(account_id=account_id, queue=queue, limit=limit)
     for held in released:
-        standing.dispatch(envelope=Envelope(job=held.job, account=account_id, ref=held.ref), queue=queue, day=day)
+        standing.dispatch(envelope=Envelope(job=held.job, account=account_id, ref=held.ref, priority=held.priority),
+                          queue=queue, day=day)
     return len(released)
 
 
@@ -113,12 +114,13 @@ def hand_off(
                                          worker=worker, reserve_ms=step_ms, lease_s=lease_s)
         if claimed is None:
             return None
-        job, ref, slot_id, run = claimed
+        job, ref, priority, slot_id, run = claimed
         reserved = standing.first_reservation_ms(state, get_job(job).cpu_estimate_ms)
         if reserved > step_ms:
             ledger.reserve_more(reservation_id=slot_id, ms=reserved - step_ms,
                                 usage_id=standing.usage_id(state, account_id=account_id, queue=queue, day=day))
-        return Handoff(Envelope(job=job, account=account_id, ref=ref), run=run, admission=Admitted(slot_id, reserved))
+        return Handoff(Envelope(job=job, account=account_id, ref=ref, priority=priority), run=run,
+                       admission=Admitted(slot_id, reserved))
     with db.cursor() as cursor:
         if connection.vendor == "postgresql":  # the claim and its slot in one statement
             cursor.execute(*standing.dispatch_claimed_sql(claim=claim, account_id=account_id, queue=queue, day=day,
@@ -130,10 +132,10 @@ def hand_off(
             if row is not None:
                 slot = standing.dispatch(envelope=Envelope(job=row[0], account=account_id, ref=row[1]), queue=queue,
                                          day=day, lease_s=lease_s)
-                row = (*row, slot.pk)
+                row = (row[0], row[1], slot.pk, row[2])
     if row is None:
         return None
-    envelope = Envelope(job=row[0], account=account_id, ref=row[1])
+    envelope = Envelope(job=row[0], account=account_id, ref=row[1], priority=row[3])
     if not admissible:
         return Handoff(envelope)
     reserve_ms = standing.first_reservation_ms(state, get_job(envelope.job).cpu_estimate_ms)
@@ -197,7 +199,7 @@ def passed_on(passed: ledger.Passed, *, account_id: int) -> Handoff:
     more = get_job(passed.job).cpu_estimate_ms - reserved
     if more > 0 and ledger.reserve_if_left(reservation_id=passed.reservation_id, usage_id=passed.usage_id, ms=more):
         reserved += more
-    return Handoff(Envelope(job=passed.job, account=account_id, ref=passed.ref), run=passed.run,
+    return Handoff(Envelope(job=passed.job, account=account_id, ref=passed.ref, priority=passed.priority), run=passed.run,
                    admission=Admitted(passed.reservation_id, reserved))
 
 

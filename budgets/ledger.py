@@ -109,7 +109,7 @@ _SETTLE_AND_PASS_ON_SQL = (
     f"SELECT %s, %s, r.day, h.job, h.ref, %s, %s, %s, %s, {_KEPT_SQL}, 0, 0, (SELECT id FROM s) FROM h, r "
     "RETURNING job, ref, id, task_run_id, cpu_reserved_ms) "
     f"SELECT r.task_run_id, r.status, {_FLAGS_SQL}, n.job, n.ref, n.id, n.task_run_id, n.cpu_reserved_ms, "
-    "(SELECT id FROM c) FROM r LEFT JOIN n ON TRUE")
+    "(SELECT id FROM c), (SELECT priority FROM h) FROM r LEFT JOIN n ON TRUE")
 
 
 _RESERVE_SQL = f"UPDATE {UsageDay._meta.db_table} SET cpu_reserved_ms = cpu_reserved_ms + %s WHERE id = %s"
@@ -309,6 +309,7 @@ class Passed:
     run: TaskRun
     reserved_ms: int
     usage_id: int
+    priority: int
 
 
 def charge(*, reservation_id: int, account_id: int, queue: str, meter: Meter, cap_hit: bool,
@@ -401,11 +402,11 @@ def _charge_and_pass_on(*, reservation_id: int, account_id: int, queue: str, met
         row = cursor.fetchone()
     if row is None:
         return None
-    task_run_id, status, held, waiting, job, ref, slot_id, run.pk, reserved_ms, usage_id = row
+    task_run_id, status, held, waiting, job, ref, slot_id, run.pk, reserved_ms, usage_id, priority = row
     passed = None
     if job is not None:
         run.job, run.ref = job, ref
-        passed = Passed(job, ref, slot_id, run, reserved_ms, usage_id)
+        passed = Passed(job, ref, slot_id, run, reserved_ms, usage_id, priority)
     return Charged(task_run_id, status == active, held=bool(held), waiting=bool(waiting), passed=passed)
 
 
@@ -472,7 +473,7 @@ def claim_and_admit(
     """PostgreSQL: run `claim` (scheduling.holding.claim_oldest_sql, returning a held job's job and
     ref) and admit the job it claimed, in one statement: its slot inserted active with `reserve_ms`
     reserved on the day, leased for `lease_s` (until it starts: `start_claimed`), its run recorded.
-    Returns (job, ref, slot id, run), or None when nothing was claimed."""
+    Returns (job, ref, priority, slot id, run), or None when nothing was claimed."""
     ops = connection.ops
     now = timezone.now()
     usage_id = standing.usage_id(state, account_id=account_id, queue=queue, day=day)
@@ -483,7 +484,7 @@ def claim_and_admit(
            f"u AS ({_RESERVE_SQL} AND EXISTS (SELECT 1 FROM c) RETURNING 1) "
            f"INSERT INTO {Reservation._meta.db_table} ({', '.join(_CLAIMED_SLOT_COLUMNS)}) "
            "SELECT %s, %s, %s, c.job, c.ref, %s, %s, %s, %s, %s, 0, 0, (SELECT id FROM t) FROM c "
-           "RETURNING job, ref, id, task_run_id")
+           "RETURNING job, ref, id, task_run_id, (SELECT priority FROM c)")
     with db.cursor() as cursor:
         cursor.execute(sql, [
             *claim_params, *run_params, reserve_ms, usage_id,
@@ -494,9 +495,9 @@ def claim_and_admit(
         row = cursor.fetchone()
     if row is None:
         return None
-    job, ref, slot_id, run.pk = row
+    job, ref, slot_id, run.pk, priority = row
     run.job, run.ref = job, ref
-    return job, ref, slot_id, run
+    return job, ref, priority, slot_id, run
 
 
 def reserve_more(*, reservation_id: int, usage_id: int, ms: int) -> None:

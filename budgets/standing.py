@@ -231,13 +231,15 @@ def dispatch_if_free(*, envelope: Envelope, queue: str, day: dt.date) -> bool:
 def dispatch_claimed_sql(*, claim: tuple[str, list], account_id: int, queue: str, day: dt.date,
                         lease_s: float) -> tuple[str, list]:
     """One statement (PostgreSQL) that runs `claim`, a data-modifying statement returning a held
-    job's (job, ref) (scheduling.holding.claim_oldest_sql), and takes a slot for the job it claimed,
-    leased like the claim; it returns (job, ref, slot id), or no row when nothing was claimed."""
+    job's (job, ref, priority) (scheduling.holding.claim_oldest_sql), and takes a slot for the job it
+    claimed, leased like the claim; it returns (job, ref, slot id, priority), or no row when nothing
+    was claimed."""
     ops = connection.ops
     now = timezone.now()
     claim_sql, claim_params = claim
     sql = (f"WITH c AS ({claim_sql}) INSERT INTO {Reservation._meta.db_table} {_DISPATCH_COLUMNS} "
-           "SELECT %s, %s, %s, c.job, c.ref, %s, %s, %s, '', 0, 0, 0 FROM c RETURNING job, ref, id")
+           "SELECT %s, %s, %s, c.job, c.ref, %s, %s, %s, '', 0, 0, 0 FROM c RETURNING job, ref, id, "
+           "(SELECT priority FROM c)")
     return sql, [*claim_params, account_id, queue, ops.adapt_datefield_value(day), ReservationStatus.DISPATCHED,
                  ops.adapt_datetimefield_value(now + dt.timedelta(seconds=lease_s)), ops.adapt_datetimefield_value(now)]
 

@@ -34,7 +34,7 @@ class TaskRunAdmin(ReadOnlyAdmin):
 class DeferredTaskAdmin(ReadOnlyAdmin):
     """The holding area: why is this waiting, and until when?"""
 
-    list_display = ["job", "ref", "account", "queue", "reason", "eligible_at", "eta", "deferrals",
+    list_display = ["job", "ref", "account", "queue", "reason", "eligible_at", "eta", "priority", "deferrals",
                     "envelope_version", "created_at"]
     list_filter = ["reason", "queue", "job", "account", "envelope_version"]
     search_fields = ["ref", "job"]

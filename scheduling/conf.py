@@ -20,6 +20,8 @@ from typing import Any
 
 from django.core.exceptions import ImproperlyConfigured
 
+from scheduling.envelope import VERSION as ENVELOPE_VERSION
+
 _UNSET = object()
 TRUE_WORDS = frozenset({"1", "true", "yes", "on"})
 
@@ -115,7 +117,7 @@ SETTINGS = (
                 "the tests load `tests.jobs`"),
     Setting("TASK_RUN_RETENTION_DAYS", "FAIRSHARE_TASK_RUN_RETENTION_DAYS", 14, parse=int, unit="days",
             doc="maintenance rolls task runs older than this up per day and prunes them"),
-    Setting("ENVELOPE_VERSION", "FAIRSHARE_ENVELOPE_VERSION", 1, parse=int,
+    Setting("ENVELOPE_VERSION", "FAIRSHARE_ENVELOPE_VERSION", ENVELOPE_VERSION, parse=int,
             doc="the envelope version producers send (web, schedules, released work); pin the old one while "
                 "a rolling upgrade has workers that do not speak the new one yet (docs/deploy.md)"),
     Setting("DJANGO_Q_RETENTION_DAYS", "FAIRSHARE_DJANGO_Q_RETENTION_DAYS", 7, parse=int, unit="days",

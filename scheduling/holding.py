@@ -34,7 +34,8 @@ def hold(*, envelope: Envelope, queue: str, reason: str, eligible_at: dt.datetim
     # Duplicate deliveries of one envelope are held once: the (job, ref) constraint decides.
     held, created = DeferredTask.objects.get_or_create(
         job=envelope.job, ref=envelope.ref,
-        defaults={"account_id": envelope.account, "queue": queue, "reason": reason, "eligible_at": eligible_at},
+        defaults={"account_id": envelope.account, "queue": queue, "reason": reason, "eligible_at": eligible_at,
+                  "priority": envelope.priority},
     )
     if not created:
         # Held again: a claim on it is void (its claimant's admission then finds it lost and does
@@ -48,10 +49,16 @@ def hold_many(*, envelopes: list[Envelope], queue: str, reason: str, eligible_at
     """Put a batch of jobs in the holding area with one insert, in their order (a job already
     held keeps its row as it is)."""
     DeferredTask.objects.bulk_create(
-        [DeferredTask(account_id=e.account, queue=queue, job=e.job, ref=e.ref, reason=reason, eligible_at=eligible_at)
-         for e in envelopes],
+        [DeferredTask(account_id=e.account, queue=queue, job=e.job, ref=e.ref, reason=reason, eligible_at=eligible_at,
+                      priority=e.priority) for e in envelopes],
         ignore_conflicts=True,
     )
+
+
+def hold_scheduled(*, envelope: Envelope, queue: str, run_after: dt.datetime) -> None:
+    """Hold work enqueued with a time before which it may not run (`enqueue(run_after=)`); the
+    pulse releases it once that time has come, as any held work."""
+    hold(envelope=envelope, queue=queue, reason=DeferReason.SCHEDULED, eligible_at=run_after)
 
 
 def park(*, message: dict[str, Any], version: int, queue: str) -> DeferredTask:
@@ -95,8 +102,8 @@ UPDATE {deferred} SET claimed_by = %s, claim_expires_at = %s
  WHERE id = (SELECT d.id FROM {deferred} d
               WHERE d.account_id = %s AND d.queue = %s AND d.message IS NULL AND d.envelope_version <= %s
                 AND d.eligible_at <= %s AND (d.claim_expires_at IS NULL OR d.claim_expires_at < %s){unless}
-              ORDER BY d.created_at, d.id LIMIT 1{lock})
-RETURNING job, ref
+              ORDER BY d.priority DESC, d.created_at, d.id LIMIT 1{lock})
+RETURNING job, ref, priority
 """
 
 
@@ -104,7 +111,7 @@ def claim_oldest_sql(
     *, account_id: int, queue: str, worker: str, lease_s: float, unless: tuple[str, list] = ("", []),
 ) -> tuple[str, list]:
     """Claim the account's oldest eligible held job for `worker`, which will run it itself, unless
-    the SQL condition `unless` holds: an UPDATE returning the job's (job, ref), for a caller that
+    the SQL condition `unless` holds: an UPDATE returning the job's (job, ref, priority), for a caller that
     sends it with the slot it takes for the job in one statement (budgets.handoff), inside its
     transaction."""
     now = clock.now()
@@ -159,7 +166,7 @@ def release_oldest(*, account_id: int, queue: str, limit: int) -> list[DeferredT
     due = list(
         DeferredTask.objects.select_for_update(skip_locked=True)
         .filter(eligible(clock.now()), account_id=account_id, queue=queue)
-        .order_by("created_at", "id")[:limit]
+        .order_by("-priority", "created_at", "id")[:limit]
     )
     _send_back(due)
     return due
@@ -200,4 +207,4 @@ def _send_back(held: list[DeferredTask]) -> None:
             transaction.on_commit(
                 lambda m=message, q=queue, n=name, a=account: send_message(m, queue=q, name=n, account=a))
         else:
-            send_on_commit(job=task.job, account=task.account_id, ref=task.ref)
+            send_on_commit(job=task.job, account=task.account_id, ref=task.ref, priority=task.priority)

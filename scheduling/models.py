@@ -59,6 +59,8 @@ class DeferReason(models.TextChoices):
     # when one of them settles (and gives back what it did not use).
     BUDGET_RESERVED = "budget_reserved", "Remaining budget reserved by running jobs"
     RETRY_BACKOFF = "retry_backoff", "Waiting to retry"
+    # Enqueued with a time before which it may not run (`enqueue(run_after=)`, Django's `run_after`).
+    SCHEDULED = "scheduled", "Scheduled for later"
     QUEUED_BEHIND = "queued_behind", "Queued behind the account's held work"
     # An operator paused the account or the queue (scheduling.pausing); resuming releases it.
     PAUSED = "paused", "Paused by an operator"
@@ -88,6 +90,7 @@ class DeferredTask(models.Model):
     eligible_at = models.DateTimeField(help_text="Not released before this time")
     created_at = models.DateTimeField(auto_now_add=True)
     deferrals = models.PositiveIntegerField(default=1, help_text="How often this job was held")
+    priority = models.SmallIntegerField(default=0, help_text="-100 to 100: the account's higher-priority work goes first")
     claimed_by = models.CharField(max_length=100, blank=True, help_text="host:pid of the worker about to run it")
     claim_expires_at = models.DateTimeField(null=True, blank=True, help_text="Eligible again after this")
     envelope_version = models.PositiveSmallIntegerField(
@@ -102,9 +105,11 @@ class DeferredTask(models.Model):
             # Duplicate deliveries of one envelope are held once.
             models.UniqueConstraint(fields=["job", "ref"], name="deferredtask_unique_job_ref")
         ]
-        # An account's held work in the order it goes (claims and releases take the oldest first:
-        # read in index order, they stop at the first eligible row instead of sorting the backlog).
-        indexes = [models.Index(fields=["account", "queue", "created_at", "id"], name="deferred_account_queue_order")]
+        # An account's held work in the order it goes (claims and releases take its highest
+        # priority first, then the oldest: read in index order, they stop at the first eligible
+        # row instead of sorting the backlog).
+        indexes = [models.Index(fields=["account", "queue", "-priority", "created_at", "id"],
+                                name="deferred_claim_order")]
 
     def __str__(self) -> str:
         return f"{self.job} {self.ref} ({self.reason})"

@@ -5,6 +5,7 @@ chain (settings.FAIRSHARE["TASK_MIDDLEWARE"], outermost first) around the job's 
 Account work passes the enqueue gates (settings.FAIRSHARE["ENQUEUE_GATES"]) before it is sent.
 """
 import contextlib
+import datetime as dt
 import functools
 import math
 import time
@@ -17,8 +18,8 @@ from django.db import DEFAULT_DB_ALIAS, InterfaceError, OperationalError, connec
 from django.utils.module_loading import import_string
 from django_q.tasks import async_task
 
-from scheduling import db
-from scheduling.envelope import Envelope
+from scheduling import clock, db
+from scheduling.envelope import Envelope, check_priority
 from scheduling.faults import fault_point
 from scheduling.metering import Meter
 from scheduling.models import TaskRun
@@ -87,11 +88,12 @@ class Handoff:
     admission: Any = None
 
 
-def send(*, job: str, account: int | None, ref: str) -> str:
+def send(*, job: str, account: int | None, ref: str, priority: int = 0) -> str:
     """Ring the doorbell: put the envelope in the job's queue, no questions asked. It goes as the
     version FAIRSHARE["ENVELOPE_VERSION"] names (pinned during a rolling upgrade, docs/deploy.md)."""
     spec = get_job(job)
-    envelope = Envelope(job=spec.name, account=account, ref=str(ref), v=settings.FAIRSHARE["ENVELOPE_VERSION"])
+    envelope = Envelope(job=spec.name, account=account, ref=str(ref), v=settings.FAIRSHARE["ENVELOPE_VERSION"],
+                        priority=priority)
     return send_message(envelope.to_message(), queue=spec.queue, name=f"{spec.name}:{ref}", account=account)
 
 
@@ -101,8 +103,8 @@ def send_message(message: Any, *, queue: str, name: str, account: int | None) ->
     return async_task(RUNNER, message, cluster=queue, task_name=name[:100], **group)
 
 
-def send_on_commit(*, job: str, account: int | None, ref: str) -> None:
-    transaction.on_commit(lambda: send(job=job, account=account, ref=ref))
+def send_on_commit(*, job: str, account: int | None, ref: str, priority: int = 0) -> None:
+    transaction.on_commit(lambda: send(job=job, account=account, ref=ref, priority=priority))
 
 
 class EnqueueGate(Protocol):
@@ -139,14 +141,24 @@ def _load_gates(paths: tuple[str, ...]) -> tuple[EnqueueGate, ...]:
     return tuple(import_string(path)() for path in paths)
 
 
-def enqueue(*, job: str, account: int | None, ref: str) -> str | None:
+def enqueue(*, job: str, account: int | None, ref: str, priority: int = 0,
+            run_after: dt.datetime | None = None) -> str | None:
     """Submit work: account work a gate holds back goes to the holding area instead of the broker
     (returns None); everything else is sent (returns the django-q2 task id). With the ORM broker,
-    what the gates wrote and the message commit together (`_commits_with_the_broker`)."""
+    what the gates wrote and the message commit together (`_commits_with_the_broker`).
+
+    `priority` (-100 to 100, higher first) orders the account's held work; between accounts,
+    fairness decides. Work with a `run_after` in the future waits in the holding area until then
+    ("scheduled"), taking no slot and no place in the broker, and then goes as any held work."""
     spec = get_job(job)
+    envelope = Envelope(job=spec.name, account=account, ref=str(ref), priority=check_priority(priority))
+    if run_after is not None and run_after > clock.now():
+        from scheduling.holding import hold_scheduled
+
+        hold_scheduled(envelope=envelope, queue=spec.queue, run_after=run_after)
+        return None
     if not spec.account_scoped:
-        return send(job=job, account=account, ref=ref)
-    envelope = Envelope(job=spec.name, account=account, ref=str(ref))
+        return send(job=job, account=account, ref=ref, priority=priority)
     admitted: list[EnqueueGate] = []
     try:
         with transaction.atomic() if _commits_with_the_broker() else contextlib.nullcontext():
@@ -157,14 +169,15 @@ def enqueue(*, job: str, account: int | None, ref: str) -> str | None:
                     return None
                 admitted.append(gate)
             fault_point("before_send")
-            return send(job=job, account=account, ref=ref)
+            return send(job=job, account=account, ref=ref, priority=priority)
     except BaseException:  # a gate failed or the broker refused it: nothing is on its way
         _undo(admitted, envelope=envelope, queue=spec.queue)
         raise
 
 
-def enqueue_many(*, job: str, work: Iterable[tuple[int | None, str]]) -> list[str | None]:
-    """Submit a batch of one job's work, `(account, ref)` pairs: `enqueue` for a flood.
+def enqueue_many(*, job: str, work: Iterable[tuple[int | None, str]], priority: int = 0) -> list[str | None]:
+    """Submit a batch of one job's work, `(account, ref)` pairs, all of one `priority`: `enqueue`
+    for a flood.
 
     Gates that offer `admit_many` decide the batch in a few statements (the budget gate: one
     transaction per account that sends what fits its free slots and holds the rest with one
@@ -174,7 +187,8 @@ def enqueue_many(*, job: str, work: Iterable[tuple[int | None, str]]) -> list[st
     already dispatched should be sent with `enqueue`.
     """
     spec = get_job(job)
-    envelopes = [Envelope(job=spec.name, account=account, ref=str(ref)) for account, ref in work]
+    check_priority(priority)
+    envelopes = [Envelope(job=spec.name, account=account, ref=str(ref), priority=priority) for account, ref in work]
     verdicts = [True] * len(envelopes)
     admitted: list[EnqueueGate] = []
     sent: list[str | None] = []
@@ -193,7 +207,7 @@ def enqueue_many(*, job: str, work: Iterable[tuple[int | None, str]]) -> list[st
                         _undo(admitted, envelope=envelopes[i], queue=spec.queue)
                 admitted.append(gate)
             for envelope, ok in zip(envelopes, verdicts):
-                sent.append(send(job=job, account=envelope.account, ref=envelope.ref) if ok else None)
+                sent.append(send(job=job, account=envelope.account, ref=envelope.ref, priority=priority) if ok else None)
     except BaseException:
         # What is not on its way gives its slots back: with the broker in the same transaction,
         # nothing is (its rollback took the messages too); else what was not sent yet.
@@ -221,10 +235,12 @@ def _undo(gates: list[EnqueueGate], *, envelope: Envelope, queue: str) -> None:
         gate.undo(envelope=envelope, queue=queue)
 
 
-def enqueue_on_commit(*, job: str, account: int | None, ref: str) -> None:
+def enqueue_on_commit(*, job: str, account: int | None, ref: str, priority: int = 0,
+                      run_after: dt.datetime | None = None) -> None:
     # Enqueue only once the rows the job will load are visible to other connections.
-    get_job(job)  # fail fast, in the caller, on an unknown job name
-    transaction.on_commit(lambda: enqueue(job=job, account=account, ref=ref))
+    get_job(job)  # fail fast, in the caller, on an unknown job name or priority
+    check_priority(priority)
+    transaction.on_commit(lambda: enqueue(job=job, account=account, ref=ref, priority=priority, run_after=run_after))
 
 
 def close_old_connections() -> None:

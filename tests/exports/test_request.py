@@ -148,7 +148,7 @@ def test_accepted_request_enqueues_exactly_one_identifiers_only_envelope_on_comm
     assert len(callbacks) == 1
     callbacks[0]()
 
-    assert _queued_envelopes() == [({"v": 1, "job": "exports.build", "account": account.pk, "ref": str(record.pk)},)]
+    assert _queued_envelopes() == [({"v": 2, "job": "exports.build", "account": account.pk, "ref": str(record.pk), "priority": 0},)]
     task = SignedPackage.loads(OrmQ.objects.get().payload)
     assert task["kwargs"] == {}
     assert "secret-customer" not in repr(task) and "private note" not in repr(task)
@@ -164,7 +164,7 @@ def test_superuser_without_membership_may_export(account, django_capture_on_comm
     with django_capture_on_commit_callbacks(execute=True):
         record, created = _request(user=admin)
     assert created and record.requested_by == admin
-    assert _queued_envelopes() == [({"v": 1, "job": "exports.build", "account": account.pk, "ref": str(record.pk)},)]
+    assert _queued_envelopes() == [({"v": 2, "job": "exports.build", "account": account.pk, "ref": str(record.pk), "priority": 0},)]
 
 
 def test_same_idempotency_key_returns_the_same_export(owner, django_capture_on_commit_callbacks):

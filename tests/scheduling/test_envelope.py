@@ -1,9 +1,10 @@
-"""The v1 queue message contract: what a worker accepts, and what it refuses as a ContractError."""
+"""The queue message contract (v1 and v2): what a worker accepts, and what it refuses as a ContractError."""
 import pytest
 
-from scheduling.envelope import MAX_REF_LENGTH, ContractError, Envelope, NeedsNewerWorker, parse
+from scheduling.envelope import MAX_REF_LENGTH, VERSION, ContractError, Envelope, NeedsNewerWorker, parse
 
 VALID = {"v": 1, "job": "exports.build", "account": 12, "ref": "6f1c2a9e-4a57-4c1e-9d0a-0b7f6d1f3c11"}
+VALID_V2 = {**VALID, "v": 2, "priority": 0}
 
 
 def test_a_v1_envelope_parses_into_its_fields():
@@ -131,7 +132,33 @@ def test_a_ref_that_is_too_long_or_not_a_string_is_refused(ref):
         parse({**VALID, "ref": ref})
 
 
-@pytest.mark.parametrize("version", [2, 99])
+def test_a_v2_envelope_carries_its_priority_and_round_trips():
+    envelope = parse({**VALID_V2, "priority": -40})
+
+    assert envelope == Envelope(job="exports.build", account=12, ref=VALID["ref"], v=2, priority=-40)
+    assert envelope.to_message() == {**VALID_V2, "priority": -40}
+
+
+def test_a_v1_envelope_is_priority_0_and_a_v1_message_carries_no_priority():
+    assert parse(dict(VALID)).priority == 0
+    assert Envelope(job="exports.build", account=12, ref="r", v=1, priority=50).to_message() == {
+        "v": 1, "job": "exports.build", "account": 12, "ref": "r"}
+
+
+def test_each_version_has_exactly_its_own_fields():
+    with pytest.raises(ContractError, match=r"envelope is missing priority \(v2 fields"):
+        parse({**VALID, "v": 2})
+    with pytest.raises(ContractError, match=r"unexpected field\(s\) \['priority'\] \(v1 fields"):
+        parse({**VALID, "priority": 0})
+
+
+@pytest.mark.parametrize("priority", [101, -101, 1.0, True, "5", None])
+def test_a_priority_outside_minus_100_to_100_or_not_an_integer_is_refused(priority):
+    with pytest.raises(ContractError, match="field priority must be an integer from -100 to 100"):
+        parse({**VALID_V2, "priority": priority})
+
+
+@pytest.mark.parametrize("version", [VERSION + 1, 99])
 def test_a_version_newer_than_the_worker_speaks_needs_a_newer_worker_not_a_rejection(version):
     # Rolling upgrades: the runner parks it in the holding area (tests/scheduling/test_upgrades.py).
     with pytest.raises(NeedsNewerWorker) as excinfo:
@@ -141,7 +168,8 @@ def test_a_version_newer_than_the_worker_speaks_needs_a_newer_worker_not_a_rejec
     assert not isinstance(excinfo.value, ContractError)
 
 
-def test_a_worker_that_speaks_v2_parses_a_v2_envelope(settings):
-    settings.FAIRSHARE = {**settings.FAIRSHARE, "SPEAKS_ENVELOPE_VERSION": 2}
+def test_a_worker_told_it_speaks_a_newer_version_parses_it(settings):
+    settings.FAIRSHARE = {**settings.FAIRSHARE, "SPEAKS_ENVELOPE_VERSION": VERSION + 1}
 
-    assert parse({**VALID, "v": 2}) == Envelope(job="exports.build", account=12, ref=VALID["ref"], v=2)
+    assert parse({**VALID_V2, "v": VERSION + 1}) == Envelope(job="exports.build", account=12, ref=VALID["ref"],
+                                                            v=VERSION + 1)

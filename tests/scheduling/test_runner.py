@@ -77,7 +77,7 @@ def only_run() -> TaskRun:
                      "envelope has 1 unexpected field(s)", id="extra-field"),
         # (A newer version is not unusable: it is parked for a newer worker, tests/scheduling/test_upgrades.py.)
         pytest.param({"v": 0, "job": "exports.build", "account": None, "ref": "r"}, "exports.build",
-                     "unsupported envelope version 0 (this worker speaks v1)", id="v0"),
+                     "unsupported envelope version 0 (this worker speaks v1 to v2)", id="v0"),
         pytest.param({"v": 1, "job": "tests.nope", "account": None, "ref": "r"}, "tests.nope", "unknown job",
                      id="unknown-job"),
     ],

@@ -41,8 +41,8 @@ def test_syncing_twice_leaves_the_same_rows():
     # Every schedule fires the one runner with an identifiers-only envelope, on its job's queue.
     purge = Schedule.objects.get(name=PREFIX + "purge-expired-exports")
     assert purge.func == RUNNER
-    assert purge.args == repr({"v": 1, "job": "exports.purge_expired", "account": None,
-                               "ref": "schedule:purge-expired-exports"})
+    assert purge.args == repr({"v": 2, "job": "exports.purge_expired", "account": None,
+                               "ref": "schedule:purge-expired-exports", "priority": 0})
     assert purge.schedule_type == Schedule.CRON and purge.repeats == -1
 
 

@@ -8,6 +8,7 @@ from django_q.tasks import async_task
 from budgets.models import Role
 from scheduling import holding
 from scheduling.actions import release_held
+from scheduling.envelope import VERSION
 from scheduling.models import DeferReason, DeferredTask, Outcome, TaskRun
 from scheduling.runtime import RUNNER, execute, send
 from tests.conftest import fairshare_checks, wait_for
@@ -15,11 +16,12 @@ from tests.factories import MembershipFactory, UserFactory
 
 pytestmark = pytest.mark.django_db
 
-NEWER = 2
+NEWER = VERSION + 1  # a version this code does not speak yet (a test seam lets a worker speak it)
 
 
-def v2(job: str, account: int | None, ref: str) -> dict:
-    return {"v": NEWER, "job": job, "account": account, "ref": ref}
+def newer(job: str, account: int | None, ref: str) -> dict:
+    """A message of the newer version (shaped like the newest this code knows)."""
+    return {"v": NEWER, "job": job, "account": account, "ref": ref, "priority": 0}
 
 
 def speaks(settings, version: int) -> None:
@@ -35,7 +37,7 @@ def sent(monkeypatch):
 
 
 def test_a_message_of_a_newer_version_is_parked_with_its_reason_not_rejected(account):
-    message = v2("tests.noop", account.pk, "r-1")
+    message = newer("tests.noop", account.pk, "r-1")
 
     execute(message)
 
@@ -48,8 +50,8 @@ def test_a_message_of_a_newer_version_is_parked_with_its_reason_not_rejected(acc
 
 
 def test_a_newer_message_delivered_twice_is_parked_once(account):
-    execute(v2("tests.noop", account.pk, "r-1"))
-    execute(v2("tests.noop", account.pk, "r-1"))
+    execute(newer("tests.noop", account.pk, "r-1"))
+    execute(newer("tests.noop", account.pk, "r-1"))
 
     assert DeferredTask.objects.count() == 1
 
@@ -65,8 +67,8 @@ def test_a_newer_message_of_a_shape_v1_cannot_read_is_still_parked_unchanged():
 
 
 def test_a_worker_that_does_not_speak_the_version_does_not_release_it(account, sent, django_capture_on_commit_callbacks):
-    execute(v2("tests.noop", account.pk, "r-1"))
-    execute(v2("scheduling.rollup_task_runs", None, ""))
+    execute(newer("tests.noop", account.pk, "r-1"))
+    execute(newer("scheduling.rollup_task_runs", None, ""))
 
     with django_capture_on_commit_callbacks(execute=True):
         released = holding.release_due() + holding.release_now(deferred_ids=list(DeferredTask.objects.values_list("pk", flat=True)))
@@ -77,7 +79,7 @@ def test_a_worker_that_does_not_speak_the_version_does_not_release_it(account, s
 
 def test_a_worker_that_speaks_the_version_sends_it_back_unchanged(account, settings, sent,
                                                                  django_capture_on_commit_callbacks):
-    account_work, system_work = v2("tests.noop", account.pk, "r-1"), v2("scheduling.rollup_task_runs", None, "")
+    account_work, system_work = newer("tests.noop", account.pk, "r-1"), newer("scheduling.rollup_task_runs", None, "")
     execute(account_work)
     execute(system_work)
     speaks(settings, NEWER)
@@ -97,7 +99,7 @@ def test_producers_send_the_configured_envelope_version(settings, monkeypatch):
     settings.FAIRSHARE = {**settings.FAIRSHARE, "ENVELOPE_VERSION": NEWER}
     send(job="tests.noop", account=1, ref="b")
 
-    assert [m["v"] for m in captured] == [1, NEWER]
+    assert [m["v"] for m in captured] == [VERSION, NEWER]
 
 
 def test_a_producer_cannot_be_told_to_send_a_version_it_does_not_speak(settings):
@@ -110,11 +112,11 @@ def test_a_producer_cannot_be_told_to_send_a_version_it_does_not_speak(settings)
 @pytest.mark.django_db(transaction=True)
 def test_a_newer_message_waits_for_an_upgraded_worker_and_then_runs_once(account, broker, start_cluster):
     old = start_cluster("default", **broker.env)
-    # A newer web (or scheduler) sends v2 while this worker speaks only v1.
-    async_task(RUNNER, v2("tests.noop", account.pk, "newer-account-work"), cluster="default")
-    async_task(RUNNER, v2("scheduling.rollup_task_runs", None, ""), cluster="default")
+    # A newer web (or scheduler) sends a version this worker does not speak yet.
+    async_task(RUNNER, newer("tests.noop", account.pk, "newer-account-work"), cluster="default")
+    async_task(RUNNER, newer("scheduling.rollup_task_runs", None, ""), cluster="default")
     wait_for(lambda: DeferredTask.objects.filter(reason=DeferReason.NEEDS_NEWER_WORKER).count() == 2, timeout=60,
-             message=f"both v2 messages parked; worker log:\n{old.log()}")
+             message=f"both newer messages parked; worker log:\n{old.log()}")
     # The old worker goes on working (and releasing what it speaks): v1 work runs past them.
     async_task(RUNNER, {"v": 1, "job": "tests.noop", "account": account.pk, "ref": "v1-work"}, cluster="default")
     wait_for(lambda: TaskRun.objects.filter(ref="v1-work", outcome=Outcome.SUCCEEDED).exists(), timeout=60,
@@ -122,12 +124,12 @@ def test_a_newer_message_waits_for_an_upgraded_worker_and_then_runs_once(account
     assert DeferredTask.objects.filter(envelope_version=NEWER).count() == 2
     assert not TaskRun.objects.exclude(ref="v1-work").exists()  # nothing rejected or run
 
-    old.stop()  # the rolling upgrade replaces it with a worker that speaks v2
+    old.stop()  # the rolling upgrade replaces it with a worker that speaks the newer version
     new = start_cluster("default", FAIRSHARE_TEST_SPEAKS_ENVELOPE_VERSION=str(NEWER), **broker.env)
 
     wait_for(lambda: TaskRun.objects.filter(job="scheduling.rollup_task_runs", outcome=Outcome.SUCCEEDED).exists()
              and TaskRun.objects.filter(ref="newer-account-work", outcome=Outcome.SUCCEEDED).exists(),
-             timeout=60, message=f"both v2 messages to run; worker log:\n{new.log()}")
+             timeout=60, message=f"both newer messages to run; worker log:\n{new.log()}")
     assert not DeferredTask.objects.exists()
     assert TaskRun.objects.filter(ref="newer-account-work").count() == 1
     assert not TaskRun.objects.filter(outcome=Outcome.REJECTED).exists()
@@ -150,19 +152,19 @@ def test_schedules_are_stored_with_the_configured_envelope_version(settings):
 def test_an_operator_release_of_parked_work_says_it_needs_a_newer_worker(account):
     operator = MembershipFactory(account=account, user=UserFactory(username="acme-operator", is_staff=True),
                                  role=Role.OPERATOR).user
-    execute(v2("tests.noop", account.pk, "r-1"))
+    execute(newer("tests.noop", account.pk, "r-1"))
     parked = DeferredTask.objects.get()
 
     [result] = release_held(user=operator, deferred_ids=[parked.pk])
 
-    assert not result.ok and "needs a worker that speaks envelope v2" in result.message
+    assert not result.ok and f"needs a worker that speaks envelope v{NEWER}" in result.message
     assert DeferredTask.objects.filter(pk=parked.pk).exists()  # still parked, not lost
 
 
 def test_a_parked_message_is_never_claimed_to_run_in_place_only_sent_back(account, settings):
     # Claims (hand-off, pull) rebuild a v1 envelope from job/account/ref; a parked message must
     # go back to the broker exactly as it came instead.
-    execute(v2("tests.noop", account.pk, "r-1"))
+    execute(newer("tests.noop", account.pk, "r-1"))
     speaks(settings, NEWER)
 
     with transaction.atomic(), connection.cursor() as cursor:
