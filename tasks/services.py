@@ -45,7 +45,9 @@ def call_enqueue(*, backend: str, task, account_id: int | None, arguments: dict)
 
 
 def send(call: TaskCall) -> str | None:
-    """Ring the call's doorbell: the kernel's envelope names only the call (its id is the ref).
-    Returns the django-q2 task id, or None when a gate held it."""
+    """Ring the call's doorbell: the kernel's envelope names only the call (its id is the ref) and
+    carries its priority (the order of its account's held work); a `run_after` still to come holds
+    it in the holding area ("scheduled") until then. Returns the django-q2 task id, or None when it
+    was held."""
     return enqueue(job=routing.job_name(queue=call.queue, system=call.account_id is None), account=call.account_id,
-                   ref=str(call.pk))
+                   ref=str(call.pk), priority=call.priority, run_after=call.run_after)

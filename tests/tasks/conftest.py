@@ -6,17 +6,18 @@ from asgiref.sync import sync_to_async
 from django.db import connections
 from django_q.models import OrmQ
 
+from scheduling.envelope import Envelope
 from scheduling.models import DeferredTask
 from scheduling.runtime import execute
+from tasks import routing
 from tasks.models import TaskCall
 
 
-def envelope(result, *, job: str | None = None) -> dict:
-    """The message a worker receives for a call (what the kernel sent: identifiers only)."""
+def envelope(result) -> dict:
+    """The message a worker receives for a call (what the kernel sends: identifiers only)."""
     call = TaskCall.objects.get(pk=result.id)
-    system = call.account_id is None
-    return {"v": 1, "job": job or f"tasks.{'system' if system else 'run'}.{call.queue}", "account": call.account_id,
-            "ref": str(call.pk)}
+    job = routing.job_name(queue=call.queue, system=call.account_id is None)
+    return Envelope(job=job, account=call.account_id, ref=str(call.pk), priority=call.priority).to_message()
 
 
 def run_here(result) -> None:

@@ -13,6 +13,7 @@ from django.utils import timezone
 from django_q.models import OrmQ
 
 from scheduling.envelope import parse
+from scheduling.models import DeferReason, DeferredTask
 from tasks.backend import FairshareBackend
 from tasks.compat import (
     InvalidTask, TaskResultDoesNotExist, TaskResultStatus, default_task_backend, task_backends, task_enqueued,
@@ -52,7 +53,20 @@ def test_enqueue_stores_the_call_and_returns_a_ready_result(account, django_capt
     # The broker's message is the kernel's envelope: identifiers only, naming the call.
     message = OrmQ.objects.get().task["args"][0]
     assert parse(message).ref == result.id and parse(message).job == "tasks.run.default"
-    assert set(message) == {"v", "job", "account", "ref"} and message["account"] == account.pk
+    assert set(message) == {"v", "job", "account", "ref", "priority"} and message["account"] == account.pk
+
+
+def test_the_priority_goes_in_the_envelope_and_a_later_run_after_holds_the_call(
+        account, django_capture_on_commit_callbacks):
+    with django_capture_on_commit_callbacks(execute=True):
+        urgent = f.noop.using(priority=70).enqueue(account=account)
+        now_due = f.noop.using(run_after=timezone.now() - dt.timedelta(seconds=1)).enqueue(account=account)
+        later = f.noop.using(run_after=timezone.now() + dt.timedelta(hours=1)).enqueue(account=account)
+    sent = {m.task["args"][0]["ref"]: m.task["args"][0] for m in OrmQ.objects.all()}
+    assert set(sent) == {urgent.id, now_due.id} and sent[urgent.id]["priority"] == 70
+    held = DeferredTask.objects.get(ref=later.id)  # not in the broker, no slot taken: waiting for its time
+    assert (held.reason, held.eligible_at, held.job) == (DeferReason.SCHEDULED, later.task.run_after, "tasks.run.default")
+    assert later.status == TaskResultStatus.READY and later.task.run_after == TaskCall.objects.get(pk=later.id).run_after
 
 
 def test_the_account_can_be_an_id_and_a_function_that_asks_for_it_receives_it(account):

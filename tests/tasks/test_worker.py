@@ -2,8 +2,10 @@
 backend tests, so a host that switches backends sees the same behaviour): enqueue -> READY ->
 RUNNING -> SUCCESSFUL with the return value; a failing task -> FAILED with its class and a redacted
 traceback; SystemExit; a return value that cannot be stored; get_result of a missing or malformed
-id; async tasks; queue isolation; the three signals; an account at its cap or out of budget holds
-Django tasks like any other work; a SIGKILL mid-task leaves a consistent result."""
+id; run_after held until then; priority order within an account; async tasks; queue isolation;
+the three signals; an account at its cap or out of budget holds Django tasks like any other work;
+a SIGKILL mid-task leaves a consistent result."""
+import datetime as dt
 import os
 import signal
 
@@ -135,6 +137,31 @@ def test_async_tasks_run(account, budget, workers):
     cluster = workers()
     assert finished(answer, cluster).return_value == 42
     assert finished(slug, cluster).return_value == "acme"
+
+
+def test_run_after_holds_the_call_until_then(account, budget, workers):
+    cluster = workers()
+    finished(f.meaning_of_life.enqueue(account=account), cluster)  # the workers are up and pulsing
+    run_after = timezone.now() + dt.timedelta(seconds=3)
+    result = f.meaning_of_life.using(run_after=run_after).enqueue(account=account)
+    held = DeferredTask.objects.get(ref=result.id)
+    assert (held.reason, held.eligible_at) == (DeferReason.SCHEDULED, run_after)
+    finished(result, cluster)
+    assert result.status == TaskResultStatus.SUCCESSFUL and result.started_at >= run_after
+
+
+def test_priority_orders_an_accounts_waiting_calls(account, workers):
+    Budget.objects.create(account=account, queue="default", cpu_seconds_per_day=3600, max_concurrent=1)
+    blocker = f.sleep_for.enqueue(1.0, account=account)  # takes the account's one slot
+    low = f.meaning_of_life.using(priority=-50).enqueue(account=account)
+    normal = f.meaning_of_life.enqueue(account=account)
+    high = f.meaning_of_life.using(priority=50).enqueue(account=account)
+    assert DeferredTask.objects.filter(ref__in=[low.id, normal.id, high.id]).count() == 3  # waiting, in order
+    cluster = workers()
+    for result in (blocker, low, normal, high):
+        finished(result, cluster)
+    assert blocker.finished_at <= high.started_at <= normal.started_at <= low.started_at
+    assert {r.status for r in (blocker, low, normal, high)} == {TaskResultStatus.SUCCESSFUL}
 
 
 def test_queues_are_isolated(account, budget, workers):
