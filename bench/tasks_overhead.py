@@ -19,6 +19,9 @@ bench/budget_overhead.py), in the same run, each going first in turn:
 Measured for each path:
 - enqueue: N enqueues in this process with no worker running (ms per enqueue, median of rounds),
   and the SQL statements one enqueue sends;
+- run in-process: the messages of N enqueues run through the whole chain in this process, as a
+  worker runs them (wall and this process's CPU per task: the worker's side alone, less exposed
+  to the rest of the machine than the cluster's throughput);
 - throughput: N enqueues into a running `manage.py qcluster` (2 workers, the benchmark's own
   database), timed from the first enqueue until the broker holds none of the path's messages
   (django-q2's monitor deletes the OrmQ row when it acknowledges a finished task), as in
@@ -97,6 +100,46 @@ def measure_enqueue(n: int, rounds: int, account_id: int) -> dict:
                    "statements": statements_per_enqueue(path, account_id)} for path in PATHS}
 
 
+def messages(path: str, n: int, account_id: int, tag: str) -> list[dict]:
+    """Enqueue n of the path's no-ops (no worker running) and return the messages a worker gets."""
+    from bench.tasks_noop import noop
+    from scheduling.envelope import Envelope
+    from scheduling.runtime import enqueue
+
+    if path == "job":
+        refs = [f"{tag}-{i}" for i in range(n)]
+        for ref in refs:
+            enqueue(job=JOB, account=account_id, ref=ref)
+        return [Envelope(job=JOB, account=account_id, ref=ref).to_message() for ref in refs]
+    return [Envelope(job="tasks.run.default", account=account_id, ref=noop.enqueue(account=account_id).id)
+            .to_message() for _ in range(n)]
+
+
+def measure_execute(n: int, rounds: int, account_id: int) -> dict:
+    """The worker's side alone, in this process: each message run through the whole chain as a
+    worker runs it (django-q2 closes old connections before each task); wall and this process's
+    CPU per task. Less exposed to what else the machine runs than the cluster's throughput."""
+    from django.db import close_old_connections
+
+    from scheduling.runtime import execute
+
+    wall = {path: [] for path in PATHS}
+    cpu = {path: [] for path in PATHS}
+    for r in range(rounds):
+        for path in PATHS[r % 2:] + PATHS[:r % 2]:
+            h.reset_tables(*TABLES)
+            batch = messages(path, n, account_id, f"x{r}-{path}")
+            t0, c0 = time.perf_counter(), time.process_time()
+            for message in batch:
+                close_old_connections()
+                execute(message)
+            wall[path].append((time.perf_counter() - t0) * 1000 / n)
+            cpu[path].append((time.process_time() - c0) * 1000 / n)
+    h.reset_tables(*TABLES)
+    return {path: {"wall_ms": wall[path], "cpu_ms": cpu[path], "median_wall_ms": h.median(wall[path]),
+                   "median_cpu_ms": h.median(cpu[path])} for path in PATHS}
+
+
 def run_path(path: str, n: int, account_id: int, tag: str, cluster: h.Cluster) -> dict:
     from django.db.models import Count
 
@@ -169,10 +212,11 @@ def through_cluster(args, account_id: int) -> list[dict]:
     return rounds
 
 
-def report(args, info: dict, enqueue: dict, rounds: list[dict]) -> dict:
+def report(args, info: dict, enqueue: dict, executed: dict, rounds: list[dict]) -> dict:
     tps = {path: h.median([r[path]["tasks_per_s"] for r in rounds]) for path in PATHS}
     cpu = {path: h.median([r[path]["machine_cpu_ms_per_task"] for r in rounds]) for path in PATHS}
     enqueue_ratio = enqueue["job"]["median_ms"] / enqueue["task"]["median_ms"]
+    run_ratio = executed["job"]["median_wall_ms"] / executed["task"]["median_wall_ms"]
     ratio = tps["task"] / tps["job"]
     goals = {
         "enqueue": {"goal": f"task / job enqueues per second >= {GOAL_RATIO}", "value": enqueue_ratio,
@@ -181,11 +225,14 @@ def report(args, info: dict, enqueue: dict, rounds: list[dict]) -> dict:
                        "pass": ratio >= GOAL_RATIO},
     }
     rows = [[path, h.fmt(enqueue[path]["median_ms"], ".3f"), str(len(enqueue[path]["statements"])),
+             h.fmt(executed[path]["median_wall_ms"], ".3f"), h.fmt(executed[path]["median_cpu_ms"], ".3f"),
              h.fmt(tps[path], ".1f"), h.fmt(cpu[path], ".2f")] for path in PATHS]
-    rows.append(["task / job", h.fmt(enqueue_ratio, ".2f") + " (rate)", "", h.fmt(ratio, ".2f"), ""])
+    rows.append(["task / job", h.fmt(enqueue_ratio, ".2f") + " (rate)", "", h.fmt(run_ratio, ".2f") + " (rate)", "",
+                 h.fmt(ratio, ".2f"), ""])
     print()
-    print(h.render_table(["path", "enqueue ms (med)", "SQL per enqueue", "tasks/s through the cluster (med)",
-                          "machine CPU ms/task"], rows, right={1, 2, 3, 4}))
+    print(h.render_table(["path", "enqueue ms (med)", "SQL per enqueue", "run in-process ms", "its CPU ms",
+                          "tasks/s through the cluster (med)", "machine CPU ms/task"], rows,
+                         right={1, 2, 3, 4, 5, 6}))
     print()
     round_rows = [[str(i + 1), path, h.fmt(r[path]["seconds"], ".2f"), h.fmt(r[path]["tasks_per_s"], ".1f"),
                    h.fmt(r[path]["enqueue_per_s"], ".0f")] for i, r in enumerate(rounds) for path in r["order"]]
@@ -199,9 +246,12 @@ def report(args, info: dict, enqueue: dict, rounds: list[dict]) -> dict:
                            "job": f"scheduling.runtime.enqueue(job={JOB!r}) for one account",
                            "task": "bench.tasks_noop.noop.enqueue(account=) for the same account"},
             "machine": info, "summary": {"enqueue_ms": {p: enqueue[p]["median_ms"] for p in PATHS},
-                                         "enqueue_ratio": enqueue_ratio, "tasks_per_s": tps, "ratio": ratio,
+                                         "enqueue_ratio": enqueue_ratio,
+                                         "run_in_process_ms": {p: executed[p]["median_wall_ms"] for p in PATHS},
+                                         "run_in_process_cpu_ms": {p: executed[p]["median_cpu_ms"] for p in PATHS},
+                                         "run_in_process_ratio": run_ratio, "tasks_per_s": tps, "ratio": ratio,
                                          "machine_cpu_ms_per_task": cpu},
-            "enqueue": enqueue, "rounds": rounds, "goals": goals}
+            "enqueue": enqueue, "in_process": executed, "rounds": rounds, "goals": goals}
 
 
 def main(argv=None) -> int:
@@ -213,8 +263,11 @@ def main(argv=None) -> int:
     h.log(f"database {h.redact_url(db_url)}; {args.tasks} tasks per path, {args.rounds} rounds")
     enqueue = measure_enqueue(args.tasks, args.rounds, account_id)
     h.log(f"enqueue: job {enqueue['job']['median_ms']:.3f} ms, task {enqueue['task']['median_ms']:.3f} ms")
+    executed = measure_execute(min(args.tasks, 500), args.rounds, account_id)
+    h.log(f"in-process run: job {executed['job']['median_cpu_ms']:.3f} ms CPU, "
+          f"task {executed['task']['median_cpu_ms']:.3f} ms CPU")
     rounds = through_cluster(args, account_id)
-    results = report(args, info, enqueue, rounds)
+    results = report(args, info, enqueue, executed, rounds)
     results["machine"]["loadavg_end"] = list(os.getloadavg())
     h.print_load(results)
     h.write_results(args.json, results)
