@@ -10,6 +10,7 @@ from django_q.models import OrmQ
 
 from budgets.models import Budget, Role
 from scheduling.models import DeferredTask
+from scheduling.pausing import pause, resume
 from tasks.compat import TaskResultStatus
 from tasks.exceptions import Cancelled
 from tasks.models import TaskCall
@@ -114,6 +115,20 @@ def test_the_admin_shows_a_members_calls_why_they_wait_and_their_errors_redacted
     assert "builtins.ValueError" in detail and "ValueError: no" in detail
     shown = client.get(f"/admin/tasks/taskcall/{TaskCall.objects.get(task_path__endswith='.echo').pk}/change/")
     assert "planted.person" not in shown.content.decode()
+
+
+def test_a_paused_accounts_calls_wait_until_resumed_and_the_admin_says_so(
+        client, account, operator, django_capture_on_commit_callbacks):
+    assert pause(user=operator, account=account).ok
+    with django_capture_on_commit_callbacks(execute=True):
+        result = f.noop.enqueue(account=account)
+    assert DeferredTask.objects.get(ref=result.id).reason == "paused" and not OrmQ.objects.exists()
+    client.force_login(operator)
+    operator.user_permissions.add(Permission.objects.get(codename="view_taskcall"))
+    assert "Paused by an operator (until resumed)" in client.get("/admin/tasks/taskcall/").content.decode()
+    with django_capture_on_commit_callbacks(execute=True):
+        assert resume(user=operator, account=account).ok
+    assert not DeferredTask.objects.filter(ref=result.id).exists() and OrmQ.objects.count() == 1
 
 
 @pytest.fixture
