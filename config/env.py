@@ -61,20 +61,30 @@ EMAIL_BACKEND = Setting(None, "EMAIL_BACKEND", "django.core.mail.backends.consol
 EMAIL_FILE_PATH = Setting(None, "EMAIL_FILE_PATH", None, shown_default="unset", sets="`EMAIL_FILE_PATH`",
                           doc="the folder of the file-based e-mail backend")
 
-# HTTPS (`manage.py check --deploy` is clean once these are on; see docs/architecture.md "Deploying").
-# Off by default: the demo and the tests speak plain HTTP; production behind TLS turns them on.
-SSL_REDIRECT = Setting(None, "SECURE_SSL_REDIRECT", False, parse=flag, sets="`SECURE_SSL_REDIRECT`",
-                       doc="redirect every plain-HTTP request to HTTPS")
-HSTS_SECONDS = Setting(None, "SECURE_HSTS_SECONDS", 0, parse=int, unit="s", sets="`SECURE_HSTS_SECONDS`",
-                       doc="Strict-Transport-Security max-age (0: no header); production: 31536000")
+# HTTPS: on by default without DEBUG, so that a production deployment is secure unless someone turns
+# a part off on purpose (`manage.py check --deploy` is clean with DEBUG unset and a strong SECRET_KEY;
+# tests/test_settings.py). DEBUG (the demo) leaves them off, and so does the test suite, which says so
+# in tests/conftest.py: both speak plain HTTP on loopback. Each variable turns its part off (`0`) or
+# on (`1`) whatever DEBUG says. The default is given at read time: config/settings.py passes `not DEBUG`.
+SECURE_BY_DEFAULT = "on without `DEBUG`, off with it"
+SSL_REDIRECT = Setting(None, "SECURE_SSL_REDIRECT", False, parse=flag, shown_default=SECURE_BY_DEFAULT,
+                       sets="`SECURE_SSL_REDIRECT`", doc="redirect every plain-HTTP request to HTTPS")
+HSTS_SECONDS = Setting(None, "SECURE_HSTS_SECONDS", 0, parse=int, unit="s",
+                       shown_default="31,536,000 s (a year) without `DEBUG`, 0 with it", sets="`SECURE_HSTS_SECONDS`",
+                       doc="Strict-Transport-Security max-age (0: no header)")
 HSTS_INCLUDE_SUBDOMAINS = Setting(None, "SECURE_HSTS_INCLUDE_SUBDOMAINS", False, parse=flag,
-                                  sets="`SECURE_HSTS_INCLUDE_SUBDOMAINS`", doc="HSTS covers subdomains too")
-HSTS_PRELOAD = Setting(None, "SECURE_HSTS_PRELOAD", False, parse=flag, sets="`SECURE_HSTS_PRELOAD`",
-                       doc="ask browsers to preload HSTS for the domain")
-SESSION_COOKIE_SECURE = Setting(None, "SESSION_COOKIE_SECURE", False, parse=flag, sets="`SESSION_COOKIE_SECURE`",
-                                doc="send the session cookie over HTTPS only")
-CSRF_COOKIE_SECURE = Setting(None, "CSRF_COOKIE_SECURE", False, parse=flag, sets="`CSRF_COOKIE_SECURE`",
-                             doc="send the CSRF cookie over HTTPS only")
+                                  shown_default=SECURE_BY_DEFAULT, sets="`SECURE_HSTS_INCLUDE_SUBDOMAINS`",
+                                  doc="HSTS covers the subdomains of the host that serves Fairshare too; turn off "
+                                      "if one of them is not on HTTPS")
+HSTS_PRELOAD = Setting(None, "SECURE_HSTS_PRELOAD", False, parse=flag, shown_default=SECURE_BY_DEFAULT,
+                       sets="`SECURE_HSTS_PRELOAD`",
+                       doc="the HSTS header consents to browsers' preload lists (nothing is listed unless "
+                           "someone submits the domain)")
+SESSION_COOKIE_SECURE = Setting(None, "SESSION_COOKIE_SECURE", False, parse=flag, shown_default=SECURE_BY_DEFAULT,
+                                sets="`SESSION_COOKIE_SECURE`", doc="send the session cookie over HTTPS only")
+CSRF_COOKIE_SECURE = Setting(None, "CSRF_COOKIE_SECURE", False, parse=flag, shown_default=SECURE_BY_DEFAULT,
+                             sets="`CSRF_COOKIE_SECURE`", doc="send the CSRF cookie over HTTPS only")
+HSTS_SECONDS_WITHOUT_DEBUG = 31_536_000  # a year: what `check --deploy` and the preload lists ask for
 PROXY_SSL_HEADER = Setting(None, "SECURE_PROXY_SSL_HEADER", "", shown_default="unset",
                            sets="`SECURE_PROXY_SSL_HEADER`",
                            doc="behind a TLS-terminating proxy: the header that says HTTPS, as "

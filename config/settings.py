@@ -61,14 +61,14 @@ MIDDLEWARE = [
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
 ]
 
-# HTTPS: all off by default (demo and tests are plain HTTP); production turns them on from the
-# environment and `manage.py check --deploy` is then clean (tests/test_settings.py).
-SECURE_SSL_REDIRECT = env.SSL_REDIRECT.read()
-SECURE_HSTS_SECONDS = env.HSTS_SECONDS.read()
-SECURE_HSTS_INCLUDE_SUBDOMAINS = env.HSTS_INCLUDE_SUBDOMAINS.read()
-SECURE_HSTS_PRELOAD = env.HSTS_PRELOAD.read()
-SESSION_COOKIE_SECURE = env.SESSION_COOKIE_SECURE.read()
-CSRF_COOKIE_SECURE = env.CSRF_COOKIE_SECURE.read()
+# HTTPS: on by default unless DEBUG (config/env.py says why); each part can be turned off from the
+# environment. The demo (DEBUG=1) and the test suite (tests/conftest.py) speak plain HTTP on loopback.
+SECURE_SSL_REDIRECT = env.SSL_REDIRECT.read(default=not DEBUG)
+SECURE_HSTS_SECONDS = env.HSTS_SECONDS.read(default=0 if DEBUG else env.HSTS_SECONDS_WITHOUT_DEBUG)
+SECURE_HSTS_INCLUDE_SUBDOMAINS = env.HSTS_INCLUDE_SUBDOMAINS.read(default=not DEBUG)
+SECURE_HSTS_PRELOAD = env.HSTS_PRELOAD.read(default=not DEBUG)
+SESSION_COOKIE_SECURE = env.SESSION_COOKIE_SECURE.read(default=not DEBUG)
+CSRF_COOKIE_SECURE = env.CSRF_COOKIE_SECURE.read(default=not DEBUG)
 if env.PROXY_SSL_HEADER.read():
     _header, _, _value = env.PROXY_SSL_HEADER.read().partition("=")
     if not _value:

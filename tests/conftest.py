@@ -32,6 +32,15 @@ def pytest_configure(config):
             f"(got {engine}); scripts/test finds or starts a local server for you.",
             returncode=2,
         )
+    # The tests speak plain HTTP on loopback (Django's test client, the live server of the browser
+    # test), so the HTTPS settings that are on by default without DEBUG are off here, said once:
+    # with SECURE_SSL_REDIRECT every request would get a 301 to https://, and with secure cookies
+    # a logged-in session would never come back over http. tests/test_settings.py checks the
+    # production defaults in a process of their own.
+    settings.SECURE_SSL_REDIRECT = False
+    settings.SECURE_HSTS_SECONDS = 0
+    settings.SECURE_HSTS_INCLUDE_SUBDOMAINS = settings.SECURE_HSTS_PRELOAD = False
+    settings.SESSION_COOKIE_SECURE = settings.CSRF_COOKIE_SECURE = False
 
 
 @pytest.fixture(autouse=True)
