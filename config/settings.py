@@ -69,6 +69,10 @@ SECURE_HSTS_INCLUDE_SUBDOMAINS = env.HSTS_INCLUDE_SUBDOMAINS.read(default=not DE
 SECURE_HSTS_PRELOAD = env.HSTS_PRELOAD.read(default=not DEBUG)
 SESSION_COOKIE_SECURE = env.SESSION_COOKIE_SECURE.read(default=not DEBUG)
 CSRF_COOKIE_SECURE = env.CSRF_COOKIE_SECURE.read(default=not DEBUG)
+# Probes and scrapers ask these over plain HTTP from inside the network (a load balancer, the
+# kubelet, Prometheus, the `curl -sf .../healthz` of docs/deploy.md): a 301 would count as healthy
+# for them and hide a 503. Neither page sets a cookie or reads a session.
+SECURE_REDIRECT_EXEMPT = [r"^healthz$", r"^metrics$"]
 if env.PROXY_SSL_HEADER.read():
     _header, _, _value = env.PROXY_SSL_HEADER.read().partition("=")
     if not _value:

@@ -142,3 +142,11 @@ def test_debug_and_the_test_suite_speak_plain_http():
     # This process: off because tests/conftest.py says so (the client below is plain HTTP).
     assert (settings.SECURE_SSL_REDIRECT, settings.SESSION_COOKIE_SECURE, settings.CSRF_COOKIE_SECURE) == (
         False, False, False)
+
+
+@pytest.mark.django_db
+def test_probes_are_answered_over_plain_http_when_everything_else_is_redirected(settings, client):
+    settings.SECURE_SSL_REDIRECT = True
+    assert client.get("/admin/").status_code == 301
+    assert client.get("/healthz").status_code in (200, 503)  # its own answer, not a redirect
+    assert client.get("/metrics").status_code == 200
