@@ -117,6 +117,20 @@ if DATABASES["default"]["ENGINE"] == "django.db.backends.sqlite3":
         "timeout": 30,
         "init_command": "PRAGMA journal_mode=WAL; PRAGMA synchronous=NORMAL;",
     }
+# What one PostgreSQL session may hold, and for how long (config/env.py; system check
+# scheduling.E008 keeps them in order): the server itself ends a frozen process's transaction and
+# frees its row locks, whatever that process does. Every connection gets them (web, workers, an
+# export's COPY reader, management commands); 0 leaves the server's or the role's value (behind a
+# pooler that refuses startup options, set them on the role instead: docs/deploy.md).
+DATABASE_SESSION_TIMEOUTS_S = {
+    "idle_in_transaction_session_timeout": env.DB_IDLE_IN_TRANSACTION_TIMEOUT.read(),
+    "lock_timeout": env.DB_LOCK_TIMEOUT.read(),
+    "statement_timeout": env.DB_STATEMENT_TIMEOUT.read(),
+}
+if DATABASES["default"]["ENGINE"] == "django.db.backends.postgresql":
+    _options = DATABASES["default"].setdefault("OPTIONS", {})
+    _options["options"] = " ".join(filter(None, [_options.get("options", ""), *(
+        f"-c {name}={seconds}s" for name, seconds in DATABASE_SESSION_TIMEOUTS_S.items() if seconds)]))
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
 AUTH_PASSWORD_VALIDATORS = [
