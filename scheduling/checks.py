@@ -68,6 +68,14 @@ def check_stall_threshold(app_configs=None, **kwargs) -> list[checks.CheckMessag
             hint="A message waits up to a poll before an idle worker fetches it, so /healthz would report "
                  "a working queue stalled. Raise FAIRSHARE_QUEUE_STALL_AFTER_S.",
             id="scheduling.E005")]
+    exit_after = settings.FAIRSHARE["STALLED_POOL_EXIT_AFTER_S"]
+    if exit_after and exit_after <= stall_after:
+        return [checks.Error(
+            f'FAIRSHARE["STALLED_POOL_EXIT_AFTER_S"] ({exit_after:g} s) must be larger than '
+            f'FAIRSHARE["QUEUE_STALL_AFTER_S"] ({stall_after:g} s), or 0.',
+            hint="A stuck pool would end itself before /healthz and fairshare_queue_stalled have said it is "
+                 "stuck. Raise FAIRSHARE_STALLED_POOL_EXIT_AFTER_S.",
+            id="scheduling.E009")]
     return []
 
 

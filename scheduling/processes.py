@@ -13,8 +13,9 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from urllib.parse import quote
 
@@ -111,6 +112,36 @@ class Cluster:
 
     def tail(self, lines: int = 20) -> str:
         return "\n".join(self.log().splitlines()[-lines:])
+
+
+class Supervisor:
+    """What systemd's `Restart=always` (or a Kubernetes Deployment) does for one cluster, in a test or
+    a benchmark: a thread starts it again `restart_s` after it exits, whatever the exit, and keeps
+    every exit's code (`exits`; negative: killed by that signal). `stop()` ends the thread, then the
+    cluster, by PID."""
+
+    def __init__(self, start: Callable[[], Cluster], *, restart_s: float = 1.0):
+        self._start, self._restart_s = start, restart_s
+        self.cluster = start()
+        self.exits: list[int] = []
+        self._stopping = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="supervisor", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        while not self._stopping.wait(POLL_S):
+            if self.cluster.alive():
+                continue
+            self.exits.append(self.cluster.returncode)
+            self.cluster.finish(time.monotonic())  # what is left of its session, and its log
+            if self._stopping.wait(self._restart_s):
+                return
+            self.cluster = self._start()
+
+    def stop(self, timeout: float = STOP_TIMEOUT_S) -> None:
+        self._stopping.set()
+        self._thread.join()
+        self.cluster.stop(timeout)
 
 
 def stop_all(clusters: Iterable[Cluster], timeout: float = STOP_TIMEOUT_S) -> None:
