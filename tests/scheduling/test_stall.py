@@ -145,7 +145,8 @@ def test_a_stalled_pool_ends_itself_and_its_supervisor_brings_the_export_through
             idle = live_pids(first) - {int(worker.rsplit(":", 1)[1]) for worker in running}
             before = live_pids(first)
             os.kill(sorted(idle)[0], signal.SIGKILL)
-            wait_for(lambda: live_pids(first) - before, timeout=30, message=f"a worker in its place; log:\n{first.log()}")
+            wait_for(lambda before=before: live_pids(first) - before, timeout=30,
+                     message=f"a worker in its place; log:\n{first.log()}")
             if not probe_runs(account, 100 + kill):
                 break
         else:
