@@ -241,6 +241,11 @@ def check(records, root: Path, mail_dir: Path) -> dict:
     result["slots_left"] = Reservation.objects.filter(
         status__in=[ReservationStatus.ACTIVE, ReservationStatus.DISPATCHED]).count()
     result["cap_exceeded_by"] = _cap_exceeded_by(admitted)
+    # What went wrong in a run that did not succeed, and what it charged (for the reader of a failure).
+    result["unsuccessful_runs"] = [
+        {"ref": r.ref, "outcome": r.outcome, "error_class": r.error_class, "cpu_ms": r.cpu_ms, "worker": r.worker,
+         "started_at": r.started_at, "finished_at": r.finished_at}
+        for r in TaskRun.objects.filter(job=BUILD_JOB).exclude(outcome=Outcome.SUCCEEDED).order_by("started_at")]
     result["runs_by_outcome"] = dict(sorted(
         (o, TaskRun.objects.filter(job=BUILD_JOB, outcome=o).count()) for o in Outcome.values
         if TaskRun.objects.filter(job=BUILD_JOB, outcome=o).exists()))
