@@ -57,6 +57,15 @@ def test_the_stall_threshold_must_outwait_a_broker_poll(settings):
         ("scheduling.E005", 'FAIRSHARE["QUEUE_STALL_AFTER_S"] (2 s) must be larger than the slowest queue\'s poll (2 s).')]
 
 
+@pytest.mark.parametrize(("exit_after", "refused"), [(180, False), (0, False), (120, True)])
+def test_a_stuck_pool_ends_itself_only_after_healthz_has_said_so(settings, exit_after, refused):
+    settings.FAIRSHARE = {**settings.FAIRSHARE, "QUEUE_STALL_AFTER_S": 120, "STALLED_POOL_EXIT_AFTER_S": exit_after}
+    assert fairshare_checks() == ([(
+        "scheduling.E009",
+        'FAIRSHARE["STALLED_POOL_EXIT_AFTER_S"] (120 s) must be larger than FAIRSHARE["QUEUE_STALL_AFTER_S"] (120 s), '
+        "or 0.")] if refused else [])
+
+
 def test_metrics_networks_must_be_networks(settings):
     settings.FAIRSHARE = {**settings.FAIRSHARE, "METRICS_ALLOWED_NETWORKS": "10.0.0.0/8, nope"}
     assert fairshare_checks() == [
