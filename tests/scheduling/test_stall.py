@@ -27,7 +27,7 @@ from scheduling.models import Outcome, TaskRun, WorkerHeartbeat
 from scheduling.processes import Supervisor
 from scheduling.runtime import enqueue
 from tests.conftest import wait_for
-from tests.exports.support import RANGE, add_events, wait_finished
+from tests.exports.support import RANGE, add_events, wait_finished, wait_runs_settled
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -167,7 +167,7 @@ def test_a_stalled_pool_ends_itself_and_its_supervisor_brings_the_export_through
         assert "pool stuck" in first.log()
         assert wait_finished(record, supervisor.cluster, timeout=STALL_AFTER_S + 60 - (time.monotonic() - requested)
                              ).status == ExportStatus.SUCCEEDED
-        assert TaskRun.objects.filter(ref=str(record.pk), outcome=Outcome.SUCCEEDED).count() == 1
+        assert wait_runs_settled(record, supervisor.cluster).count(Outcome.SUCCEEDED) == 1
         wait_for(lambda: healthz()[1]["checks"]["workers:exports"] == "ok", timeout=30,
                  message=f"/healthz to clear; log:\n{supervisor.cluster.log()}")
         assert stalled_metric().endswith(" 0.0")
