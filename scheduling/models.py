@@ -150,6 +150,9 @@ class WorkerHeartbeat(models.Model):
     worker = models.CharField(max_length=100, unique=True, help_text="host:pid")
     queue = models.CharField(max_length=40)
     seen_at = models.DateTimeField()
+    stalled_since = models.DateTimeField(
+        null=True, blank=True,
+        help_text="Since when this idle worker has seen work wait in its pool that no worker takes (scheduling.stuck)")
 
     def __str__(self) -> str:
         return f"{self.worker} ({self.queue})"

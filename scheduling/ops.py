@@ -32,8 +32,9 @@ def queue_metrics():
         f"Workers heard from in the last {settings.FAIRSHARE['HEALTH_HEARTBEAT_MAX_AGE_S']} s", labels=["queue"])
     stalled = GaugeMetricFamily(
         "fairshare_queue_stalled",
-        f"1 when a message waited over {settings.FAIRSHARE['QUEUE_STALL_AFTER_S']} s, no task started for as "
-        "long and none is running: the pool is stuck whatever its heartbeats say", labels=["queue"])
+        f"1 when work waited over {settings.FAIRSHARE['QUEUE_STALL_AFTER_S']} s in a pool that no idle worker of "
+        "it takes, or a message waited as long in the broker with no task started and none running: a pool is "
+        "stuck whatever its heartbeats say", labels=["queue"])
     for health in queue_health():
         depth.add_metric([health.queue], health.depth)
         age.add_metric([health.queue], health.oldest_age_s)
