@@ -188,10 +188,10 @@ def blow(kind: str, pools: Pools, servers: Servers, rng: random.Random, counts: 
 
 def maintain(pools: Pools, counts: dict) -> None:
     """What the schedules and the supervisor do: reclaim, reconcile, restart a stalled pool."""
-    from budgets.services import reclaim_expired
+    from budgets.reclaim import reclaim_expired
     from exports.maintenance import reconcile_exports
     from scheduling.liveness import queue_health
-    from scheduling.runtime import close_old_connections
+    from scheduling.db import close_old_connections
     from scheduling.services import task_runs_sweep_lost
 
     pools.supervise()

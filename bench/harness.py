@@ -151,7 +151,7 @@ def reset_tables(*labels: str) -> None:
         cur.execute("TRUNCATE " + ", ".join(connection.ops.quote_name(t) for t in tables) + " CASCADE")
 
 
-RUN_TABLES = ("scheduling.TaskRun", "scheduling.DeferredTask", "budgets.Reservation", "budgets.UsageDay",
+RUN_TABLES = ("scheduling.TaskRun", "scheduling.DeferredTask", "scheduling.Backlog", "budgets.Reservation", "budgets.UsageDay",
               "django_q.OrmQ", "django_q.Task")
 
 

@@ -233,9 +233,10 @@ FAIRSHARE = {
     "TASK_MIDDLEWARE": [
         "scheduling.middleware.ContractMiddleware",
         "scheduling.middleware.RunRecordingMiddleware",
+        # Admission, CPU cap and settlement; it also holds work a pause covers (its admission reads
+        # the pause with the account's standing), so scheduling.pausing.PauseMiddleware, for chains
+        # without budgets, is not listed.
         "budgets.middleware.BudgetMiddleware",
-        # Inside the budget's admission, so that a paused job gives its dispatched slot back.
-        "scheduling.pausing.PauseMiddleware",
         "scheduling.middleware.RetryMiddleware",
     ],
     # The enqueue-time checks account work passes before it is sent to the broker (dotted paths,

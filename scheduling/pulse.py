@@ -47,7 +47,7 @@ def _watch_the_pool(watch: stuck.StuckWatch | None, queue: str) -> dt.datetime |
 
 def _loop(interval: float, queue: str, watch: stuck.StuckWatch | None) -> None:
     from scheduling.holding import release_due
-    from scheduling.runtime import close_old_connections
+    from scheduling.db import close_old_connections
 
     every = settings.FAIRSHARE["WORKER_HEARTBEAT_S"]
     last_heartbeat = 0.0

@@ -49,6 +49,16 @@ def sleep(ctx) -> None:
     time.sleep(_ms(ctx) / 1000)
 
 
+@job("tests.sleep_checked", cpu_estimate_ms=10)
+def sleep_checked(ctx) -> None:
+    """Holds its slot for a while without using CPU, checking its budget every 50 ms like a long
+    job between batches (a job its watcher may stop)."""
+    end = time.monotonic() + _ms(ctx) / 1000
+    while time.monotonic() < end:
+        time.sleep(min(0.05, max(0.0, end - time.monotonic())))
+        ctx.budget.check()
+
+
 @job("tests.hold_exports_worker", queue="exports", cpu_estimate_ms=10)
 def hold_exports_worker(ctx) -> None:
     """Occupies an exports worker until the file named by FAIRSHARE_TEST_GATE exists, or for at
