@@ -81,7 +81,7 @@ def envelope_message(account_id: int, ref: str) -> dict:
 def sent_message(account_id: int, ref: str) -> dict:
     """A job's message as a worker receives it: sent with a slot of its own (the enqueue-time
     check's), as `enqueue` leaves it."""
-    from budgets.services import admit_at_enqueue
+    from budgets.admission import admit_at_enqueue
     from scheduling.envelope import Envelope
 
     assert admit_at_enqueue(envelope=Envelope(job=CHAIN_JOB, account=account_id, ref=ref), queue=QUEUE)
@@ -96,7 +96,8 @@ def measure_in_process(account_id: int, iterations: int) -> dict:
     from django.test.utils import CaptureQueriesContext
 
     from scheduling.metering import Meter
-    from budgets.services import admit, admit_at_enqueue, settle
+    from budgets.admission import admit, admit_at_enqueue
+    from budgets.settlement import settle
     from scheduling.envelope import Envelope
     from scheduling.runtime import execute
     from scheduling.services import task_run_new
@@ -123,7 +124,7 @@ def measure_in_process(account_id: int, iterations: int) -> dict:
         a = admit(envelope=envelope, queue=QUEUE, estimate_ms=10, worker="bench", run=new_run(envelope))
         t2 = time.perf_counter()
         assert a.admitted, a
-        settle(reservation_id=a.reservation_id, account_id=account_id, queue=QUEUE, meter=meter)
+        settle(slot_id=a.slot_id, account_id=account_id, queue=QUEUE, meter=meter)
         t3 = time.perf_counter()
         if i >= warmup:
             hold_ms.append((t1 - t0) * 1000)
@@ -176,7 +177,7 @@ def measure_in_process(account_id: int, iterations: int) -> dict:
     with CaptureQueriesContext(connection) as q_admit:
         a = admit(envelope=envelope, queue=QUEUE, estimate_ms=10, worker="bench", run=new_run(envelope))
     with CaptureQueriesContext(connection) as q_settle:
-        settle(reservation_id=a.reservation_id, account_id=account_id, queue=QUEUE, meter=stopped_meter())
+        settle(slot_id=a.slot_id, account_id=account_id, queue=QUEUE, meter=stopped_meter())
 
     def stats(xs):
         return {"median_ms": h.median(xs), "p95_ms": h.percentile(xs, 95), "mean_ms": sum(xs) / len(xs), "n": len(xs)}

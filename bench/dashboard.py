@@ -36,7 +36,7 @@ def fill(*, accounts: int, days: int, recent_runs: int) -> dict[str, int]:
     from django.utils import timezone
 
     from budgets.models import Account, UsageDay
-    from budgets.services import budgets_ensure_defaults
+    from budgets.plans import budgets_ensure_defaults
     from scheduling.models import Outcome, TaskRun, TaskRunDaily
 
     h.reset_tables("budgets.Account", "scheduling.TaskRun", "scheduling.TaskRunDaily", "budgets.UsageDay")

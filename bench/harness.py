@@ -68,6 +68,8 @@ def configure_environment(db_url: str, *, test_jobs: bool = True) -> None:
     os.environ["DJANGO_SETTINGS_MODULE"] = "config.settings"
     os.environ.setdefault("SECRET_KEY", "bench-only-not-secret")
     os.environ["LOG_LEVEL"] = "WARNING"  # this process only; workers log at the production default
+    # The benchmarks' Django test client (bench/dashboard.py) speaks plain HTTP: no redirect to https://.
+    os.environ["SECURE_SSL_REDIRECT"] = "0"
     if test_jobs:
         os.environ["FAIRSHARE_EXTRA_JOB_MODULES"] = "tests.jobs"
     os.environ.pop("REDIS_URL", None)  # the ORM broker, in the benchmark's own database
@@ -149,7 +151,7 @@ def reset_tables(*labels: str) -> None:
         cur.execute("TRUNCATE " + ", ".join(connection.ops.quote_name(t) for t in tables) + " CASCADE")
 
 
-RUN_TABLES = ("scheduling.TaskRun", "scheduling.DeferredTask", "budgets.Reservation", "budgets.UsageDay",
+RUN_TABLES = ("scheduling.TaskRun", "scheduling.DeferredTask", "scheduling.Backlog", "budgets.Reservation", "budgets.UsageDay",
               "django_q.OrmQ", "django_q.Task")
 
 

@@ -59,7 +59,7 @@ def main() -> None:
     rows, results = [], {}
     for name, text in MESSAGES.items():
         calls = max(50, args.calls // (20 if len(text) > 10_000 else 1))
-        redact_us = h.median([_per_call_us(lambda: redact(text), calls) for _ in range(args.repeat)])
+        redact_us = h.median([_per_call_us(lambda text=text: redact(text), calls) for _ in range(args.repeat)])
         plain_us = h.median([_log_line_us(text, calls, redacting=False) for _ in range(args.repeat)])
         filtered_us = h.median([_log_line_us(text, calls, redacting=True) for _ in range(args.repeat)])
         results[name] = {"bytes": len(text), "redact_us": redact_us, "log_line_us": plain_us,

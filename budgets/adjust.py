@@ -4,6 +4,7 @@ from django.utils import timezone
 
 from budgets import clock
 from budgets.models import Budget, BudgetAdjustment
+from scheduling.holding import unblock
 from scheduling.operator import ItemResult, log_action, refusal
 
 
@@ -32,6 +33,9 @@ def budget_adjust(*, user, budget_id: int, cpu_seconds_per_day: int, today_only:
         BudgetAdjustment.objects.create(budget=budget, cpu_seconds_per_day=cpu_seconds_per_day,
                                         previous_cpu_seconds=previous, until_day=day, adjusted_by=user)
         Budget.objects.filter(pk=budget.pk).update(cpu_seconds_per_day=cpu_seconds_per_day)
+        if cpu_seconds_per_day > budget.cpu_seconds_per_day:
+            # Its line may have waited for the next budget day: it may go now (the pulse releases it).
+            unblock(account_id=budget.account_id, queue=budget.queue)
         scope = f"for {day} only (then {previous} s)" if today_only else "for good"
         log_action(user=user, obj=budget, message=f"CPU budget {budget.cpu_seconds_per_day} -> {cpu_seconds_per_day} s/day {scope}")
     return ItemResult(str(budget), True, f"{cpu_seconds_per_day} CPU s/day {scope}")

@@ -1,18 +1,23 @@
 """The enqueue-time check for a batch (`scheduling.runtime.enqueue_many`): a flood of one
 account's jobs is decided in one transaction per account instead of one check per job.
 
-Under the account's Budget row lock (budgets.standing) it sends as many as fit the account's free
-slots (each dispatched, as `services.admit_at_enqueue` would) when the account has budget left and
-nothing held, and holds the rest with one insert, in order: the first for the reason it could
-not go, the others queued behind it.
+Under the account's lock it sends as many as fit the account's free slots (each dispatched, as
+budgets.admission.admit_at_enqueue would) when the account has budget left and nothing in line,
+and holds the rest with one insert, in order: the first for the reason it could not go, the
+others queued behind it.
 """
+import datetime as dt
 from collections import defaultdict
 
 from django.db import transaction
 from django.db.models import F
 
-from budgets import clock, services, standing
-from budgets.models import Account, Reservation, ReservationStatus, UsageDay
+from budgets import clock, standing
+from budgets.admission import wake_when_committed
+from budgets.ledger import ledger
+from budgets.locks import locked_standing
+from budgets.models import UsageDay
+from budgets.standing import Standing
 from scheduling.envelope import Envelope
 from scheduling.holding import hold_many
 from scheduling.models import DeferReason
@@ -28,16 +33,10 @@ def admit_many_at_enqueue(*, envelopes: list[Envelope], queue: str) -> list[bool
     day = clock.budget_day(now)
     for account_id, indexes in by_account.items():
         with transaction.atomic():
-            if not standing.lock(account_id=account_id, queue=queue):
-                services.budgets_ensure_defaults(account=Account.objects.get(pk=account_id))
-                standing.lock(account_id=account_id, queue=queue)
-            state = standing.read(account_id=account_id, queue=queue, day=day)
-            fits = 0 if state.unreserved_ms <= 0 or state.held else max(0, state.free_slots)
+            state = locked_standing(account_id=account_id, queue=queue, day=day)
+            fits = 0 if state.unreserved_ms <= 0 or state.in_line else max(0, state.free_slots)
             go, wait = indexes[:fits], indexes[fits:]
-            expires = standing.dispatch_lease_expiry()
-            Reservation.objects.bulk_create([
-                Reservation(account_id=account_id, queue=queue, day=day, job=envelopes[i].job, ref=envelopes[i].ref,
-                            status=ReservationStatus.DISPATCHED, lease_expires_at=expires) for i in go])
+            ledger().dispatch_many(envelopes=[envelopes[i] for i in go], queue=queue, day=day)
             for i in go:
                 verdicts[i] = True
             if wait:
@@ -45,15 +44,16 @@ def admit_many_at_enqueue(*, envelopes: list[Envelope], queue: str) -> list[bool
     return verdicts
 
 
-def _hold(state: standing.Standing, envelopes: list[Envelope], *, account_id: int, queue: str, day, now) -> None:
+def _hold(state: Standing, envelopes: list[Envelope], *, account_id: int, queue: str, day: dt.date,
+          now: dt.datetime) -> None:
     if state.unreserved_ms <= 0:
         reason, eligible_at = standing.out_of_budget(state, now)
     else:
-        reason, eligible_at = (DeferReason.QUEUED_BEHIND if state.held else DeferReason.CONCURRENCY_CAP), now
+        reason, eligible_at = (DeferReason.QUEUED_BEHIND if state.in_line else DeferReason.CONCURRENCY_CAP), now
     hold_many(envelopes=envelopes[:1], queue=queue, reason=reason, eligible_at=eligible_at)
     if len(envelopes) > 1:
         behind = DeferReason.QUEUED_BEHIND if reason == DeferReason.CONCURRENCY_CAP else reason
         hold_many(envelopes=envelopes[1:], queue=queue, reason=behind, eligible_at=eligible_at)
-    services.wake_when_committed(account_id=account_id, queue=queue, reason=reason, eligible_at=eligible_at)
-    usage_id = standing.usage_id(state, account_id=account_id, queue=queue, day=day)
+    wake_when_committed(account_id=account_id, queue=queue, reason=reason, eligible_at=eligible_at)
+    usage_id = ledger().usage_id(state, account_id=account_id, queue=queue, day=day)
     UsageDay.objects.filter(pk=usage_id).update(deferrals=F("deferrals") + len(envelopes))

@@ -1,24 +1,41 @@
-"""The budget gate: budgets' enqueue-time check, plugged into the kernel through
-FAIRSHARE["ENQUEUE_GATES"] (see scheduling.runtime.EnqueueGate)."""
-from budgets import bulk, handoff, services
+"""The budget gate: budgets' enqueue-time check and the held work a free worker runs next,
+plugged into the kernel through FAIRSHARE["ENQUEUE_GATES"] (scheduling.gates.EnqueueGate)."""
+from budgets import admission, bulk, handoff
+from budgets.ledger import Claimed
+from budgets.middleware import RunSlot
+from scheduling.context import Handoff, TaskContext
 from scheduling.envelope import Envelope
+from scheduling.gates import EnqueueGate
 
 
-class BudgetGate:
+class BudgetGate(EnqueueGate):
     """Account work goes to the broker only into a free slot of an account with budget left today
-    and nothing held before it; otherwise it waits in the holding area."""
+    and nothing in line before it; otherwise it waits in the holding area."""
 
     def admit(self, *, envelope: Envelope, queue: str) -> bool:
-        return services.admit_at_enqueue(envelope=envelope, queue=queue)
+        return admission.admit_at_enqueue(envelope=envelope, queue=queue)
 
     def undo(self, *, envelope: Envelope, queue: str) -> None:
-        services.undispatch(envelope=envelope, queue=queue)
+        admission.undispatch(envelope=envelope, queue=queue)
 
     def admit_many(self, *, envelopes: list[Envelope], queue: str) -> list[bool]:
         return bulk.admit_many_at_enqueue(envelopes=envelopes, queue=queue)
 
     def release_due(self) -> int:
-        return services.release_due()
+        return handoff.release_due()
 
-    def next_for(self, *, queue: str, worker: str) -> Envelope | None:
-        return handoff.pull(queue=queue, worker=worker)
+    def next_for(self, *, queue: str, worker: str, after: TaskContext) -> Handoff | None:
+        """The job the run's settlement handed its slot on to, else one pulled in fair order:
+        unless the settlement saw no held work of the queue that could go, or the worker's loop
+        has no room for another run."""
+        settled = after.admission.settled if isinstance(after.admission, RunSlot) else None
+        if settled is not None and settled.handed_to is not None:
+            return _handoff(settled.handed_to)
+        if (settled is not None and not settled.waiting) or not after.may_run_next():
+            return None
+        claimed = handoff.pull(queue=queue, worker=worker)
+        return _handoff(claimed) if claimed is not None else None
+
+
+def _handoff(claimed: Claimed) -> Handoff:
+    return Handoff(claimed.envelope, run=claimed.run, admission=claimed if claimed.admitted else None)

@@ -1,5 +1,5 @@
 """Budgets' maintenance job (scheduled in scheduling.schedules)."""
-from budgets import adjust, services
+from budgets import adjust, reclaim
 from scheduling.registry import job
 
 
@@ -7,7 +7,7 @@ from scheduling.registry import job
 @job("scheduling.reclaim_leases", account_scoped=False)
 def reclaim_leases(ctx) -> None:
     """Give back the slots and reservations of runs whose worker died."""
-    ctx.items = services.reclaim_expired()
+    ctx.items = reclaim.reclaim_expired()
 
 
 @job("budgets.end_adjustments", account_scoped=False)

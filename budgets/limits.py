@@ -20,6 +20,11 @@ class BudgetExhausted(MustWait):
     """The account's daily CPU budget ran out during this run: not a failure, its job waits."""
 
 
+class SlotLost(MustWait):
+    """The run's slot was reclaimed while its worker was frozen past its lease, and none was free
+    when it woke: it must not go on beside the job that took the slot; its job waits again."""
+
+
 class RunBudget:
     """What a running task may still spend. Long jobs call `check()` between batches."""
 
@@ -31,6 +36,8 @@ class RunBudget:
         self.exhausted = False
         # Set when the run is over: a late SIGXCPU or refill no longer concerns it.
         self.finished = False
+        # Set by the watcher when the run's slot is no longer its own (budgets.running): it stops.
+        self.slot_lost = False
         self._cpu0 = time.process_time()
         self._rlimit_hard: int | None = None  # while cpu_limit() applies this allowance
 
@@ -45,8 +52,17 @@ class RunBudget:
         self.allowance_ms += ms
         self._apply_rlimit()
 
+    def reset(self, allowance_ms: int) -> None:
+        """The run's slot was reclaimed and taken again: what it may spend, in all, is now this."""
+        self.allowance_ms = allowance_ms
+        self._apply_rlimit()
+
     def check(self) -> None:
-        if self.finished or self.remaining() > 0:
+        if self.finished:
+            return
+        if self.slot_lost:
+            raise SlotLost("its slot was reclaimed while its worker was frozen, and none is free")
+        if self.remaining() > 0:
             return
         if not self.exhausted and self.refill is not None:
             self.refill()

@@ -167,7 +167,16 @@ class Reservation(models.Model):
         # The slots of an account on a queue, by status, and a job's own slot by its (job, ref)
         # among them: what every enqueue and admission looks up. With (job, ref) in the index the
         # lookup reads one entry instead of every slot of the account (its backlog in the broker).
-        indexes = [models.Index(fields=["account", "queue", "status", "job", "ref"], name="reservation_slots")]
+        indexes = [
+            models.Index(fields=["account", "queue", "status", "job", "ref"], name="reservation_slots"),
+            # "A job sent to the broker waits for a worker" (budgets.ledger): slots by age (the old
+            # ones are those in flight a while). Not led by, or partial on, the status: the planner
+            # would take such an index for a job's own slot or the running count too, before the
+            # table has statistics, and read every slot of that status.
+            models.Index(fields=["created_at"], name="reservation_age"),
+            # The reclaim's question, every minute: whose lease expired?
+            models.Index(fields=["lease_expires_at"], name="reservation_lease"),
+        ]
 
     def __str__(self) -> str:
         return f"{self.job} {self.ref} ({self.status})"

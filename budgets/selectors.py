@@ -4,12 +4,13 @@ from collections import Counter
 from dataclasses import dataclass
 
 from django.conf import settings
-from django.db.models import Q, QuerySet
+from django.db.models import Count, OuterRef, Q, QuerySet, Subquery, Value
+from django.db.models.functions import Coalesce
 from django.utils import timezone
 
 from budgets import clock
 from budgets.models import Account, Budget, Reservation, ReservationStatus, UsageDay
-from scheduling.models import DeferredTask
+from scheduling.models import Backlog
 
 
 def refs_in_flight(*, job: str, sent_since: dt.datetime) -> QuerySet[str]:
@@ -48,26 +49,32 @@ class BudgetStatus:
         return max(0, self.cpu_limit_ms - self.cpu_used_ms - self.cpu_reserved_ms)
 
 
-def budget_status(*, accounts: QuerySet[Account] | None = None) -> list[BudgetStatus]:
-    """Today's limit, use, reservations, running, sent and held work per account and queue."""
+def budget_status(*, accounts: QuerySet[Account] | None = None, top: int | None = None) -> list[BudgetStatus]:
+    """Today's limit, use, reservations, running, sent and held work per account and queue, by
+    account (slug); with `top`, only the `top` budgets that used the most CPU today. Three queries,
+    whatever the number of accounts: the budgets with today's use, the slots of those, their held
+    work (Backlog's counts, not the held jobs)."""
     day = clock.budget_day()
-    accounts = (accounts if accounts is not None else Account.objects.all()).order_by("slug")
-    budgets = Budget.objects.filter(account__in=accounts).select_related("account").order_by("account__slug", "queue")
-    usage = {(u.account_id, u.queue): u for u in UsageDay.objects.filter(account__in=accounts, day=day)}
-    slots = Reservation.objects.filter(account__in=accounts)
-    running = Counter(slots.filter(status=ReservationStatus.ACTIVE).values_list("account_id", "queue"))
-    sent = Counter(slots.filter(status=ReservationStatus.DISPATCHED).values_list("account_id", "queue"))
-    held = Counter(DeferredTask.objects.filter(account__in=accounts).values_list("account_id", "queue"))
+    budgets = Budget.objects.filter(account__in=accounts if accounts is not None else Account.objects.all())
+    used_today = UsageDay.objects.filter(account_id=OuterRef("account_id"), queue=OuterRef("queue"), day=day)
+    budgets = budgets.annotate(used=Coalesce(Subquery(used_today.values("cpu_used_ms")), Value(0)),
+                               reserved=Coalesce(Subquery(used_today.values("cpu_reserved_ms")), Value(0)))
+    budgets = budgets.order_by("-used", "account__slug", "queue")[:top] if top else budgets.order_by(
+        "account__slug", "queue")
+    rows = list(budgets.values("account_id", "account__slug", "queue", "cpu_seconds_per_day", "max_concurrent",
+                               "used", "reserved"))
+    ids = {row["account_id"] for row in rows}
+    slots = Counter()
+    for account_id, queue, status, n in (Reservation.objects.filter(account_id__in=ids).values_list(
+            "account_id", "queue", "status").annotate(n=Count("pk")).order_by()):
+        slots[(account_id, queue, status)] = n
+    held = dict(((b["account_id"], b["queue"]), b["held"]) for b in
+                Backlog.objects.filter(account_id__in=ids).values("account_id", "queue", "held"))
     reset = clock.next_reset()
-    rows = []
-    for budget in budgets:
-        key = (budget.account_id, budget.queue)
-        used = usage.get(key)
-        rows.append(BudgetStatus(
-            account=budget.account.slug, queue=budget.queue, day=day,
-            cpu_limit_ms=budget.cpu_seconds_per_day * 1000,
-            cpu_used_ms=used.cpu_used_ms if used else 0, cpu_reserved_ms=used.cpu_reserved_ms if used else 0,
-            running=running[key], sent=sent[key], max_concurrent=budget.max_concurrent, held=held[key], next_reset=reset,
-        ))
-    return rows
-
+    return [BudgetStatus(
+        account=row["account__slug"], queue=row["queue"], day=day, cpu_limit_ms=row["cpu_seconds_per_day"] * 1000,
+        cpu_used_ms=row["used"], cpu_reserved_ms=row["reserved"],
+        running=slots[(row["account_id"], row["queue"], ReservationStatus.ACTIVE)],
+        sent=slots[(row["account_id"], row["queue"], ReservationStatus.DISPATCHED)],
+        max_concurrent=row["max_concurrent"], held=held.get((row["account_id"], row["queue"]), 0), next_reset=reset,
+    ) for row in rows]

@@ -19,6 +19,28 @@ DATABASE_URL = Setting(None, "DATABASE_URL", "", shown_default="SQLite file in `
 DB_CONN_MAX_AGE = Setting(None, "FAIRSHARE_DB_CONN_MAX_AGE", 60, parse=int, unit="s", sets="`CONN_MAX_AGE`",
                           doc="how long a database connection is reused (checked before reuse); 0 "
                               "reconnects for every task")
+# How long one PostgreSQL session may hold what it holds (docs/architecture.md, "A frozen process").
+# A worker frozen inside a transaction (SIGSTOP, a VM pause) keeps its row locks until its session
+# ends: the server ends a session idle in a transaction after the first timeout, which rolls it back
+# and frees its locks. A waiter gives up after the second (an error its task retries), longer, so a
+# frozen holder only ever delays the others. 0 leaves the server's or the role's own value.
+DB_IDLE_IN_TRANSACTION_TIMEOUT = Setting(
+    None, "FAIRSHARE_DB_IDLE_IN_TRANSACTION_TIMEOUT_S", 60, parse=int, unit="s",
+    sets="PostgreSQL `idle_in_transaction_session_timeout`",
+    doc="the server ends a session of Fairshare's that sat this long inside a transaction without a statement "
+        "(a frozen or hung process), rolling it back and releasing its row locks; Fairshare's own transactions "
+        "wait milliseconds between statements")
+DB_LOCK_TIMEOUT = Setting(
+    None, "FAIRSHARE_DB_LOCK_TIMEOUT_S", 120, parse=int, unit="s", sets="PostgreSQL `lock_timeout`",
+    doc="a statement waiting this long for a lock fails (its task is retried): held by a working session, or "
+        "one without the timeout above (a migration, a person's `psql`); above that timeout, so that a frozen "
+        "holder's session ends first and a freeze only delays")
+DB_STATEMENT_TIMEOUT = Setting(
+    None, "FAIRSHARE_DB_STATEMENT_TIMEOUT_S", 0, parse=int, unit="s", shown_default="0 (off)",
+    sets="PostgreSQL `statement_timeout`",
+    doc="a statement running this long is cancelled; off by default: it bounds slow queries, not frozen "
+        "processes, and an export's `COPY` or a migration may rightly run for minutes; when set, above "
+        "`FAIRSHARE_DB_LOCK_TIMEOUT_S`")
 REDIS_URL = Setting(None, "REDIS_URL", "", shown_default="unset: django-q2's ORM broker",
                     sets='`Q_CLUSTER["redis"]`', doc="use the Redis broker")
 TASK_TIMEOUT = Setting(None, "FAIRSHARE_TASK_TIMEOUT", 300, parse=int, unit="s",
@@ -61,27 +83,38 @@ EMAIL_BACKEND = Setting(None, "EMAIL_BACKEND", "django.core.mail.backends.consol
 EMAIL_FILE_PATH = Setting(None, "EMAIL_FILE_PATH", None, shown_default="unset", sets="`EMAIL_FILE_PATH`",
                           doc="the folder of the file-based e-mail backend")
 
-# HTTPS (`manage.py check --deploy` is clean once these are on; see docs/architecture.md "Deploying").
-# Off by default: the demo and the tests speak plain HTTP; production behind TLS turns them on.
-SSL_REDIRECT = Setting(None, "SECURE_SSL_REDIRECT", False, parse=flag, sets="`SECURE_SSL_REDIRECT`",
-                       doc="redirect every plain-HTTP request to HTTPS")
-HSTS_SECONDS = Setting(None, "SECURE_HSTS_SECONDS", 0, parse=int, unit="s", sets="`SECURE_HSTS_SECONDS`",
-                       doc="Strict-Transport-Security max-age (0: no header); production: 31536000")
+# HTTPS: on by default without DEBUG, so that a production deployment is secure unless someone turns
+# a part off on purpose (`manage.py check --deploy` is clean with DEBUG unset and a strong SECRET_KEY;
+# tests/test_settings.py). DEBUG (the demo) leaves them off, and so does the test suite, which says so
+# in tests/conftest.py: both speak plain HTTP on loopback. Each variable turns its part off (`0`) or
+# on (`1`) whatever DEBUG says. The default is given at read time: config/settings.py passes `not DEBUG`.
+SECURE_BY_DEFAULT = "on without `DEBUG`, off with it"
+SSL_REDIRECT = Setting(None, "SECURE_SSL_REDIRECT", False, parse=flag, shown_default=SECURE_BY_DEFAULT,
+                       sets="`SECURE_SSL_REDIRECT`", doc="redirect every plain-HTTP request to HTTPS")
+HSTS_SECONDS = Setting(None, "SECURE_HSTS_SECONDS", 0, parse=int, unit="s",
+                       shown_default="31,536,000 s (a year) without `DEBUG`, 0 with it", sets="`SECURE_HSTS_SECONDS`",
+                       doc="Strict-Transport-Security max-age (0: no header)")
 HSTS_INCLUDE_SUBDOMAINS = Setting(None, "SECURE_HSTS_INCLUDE_SUBDOMAINS", False, parse=flag,
-                                  sets="`SECURE_HSTS_INCLUDE_SUBDOMAINS`", doc="HSTS covers subdomains too")
-HSTS_PRELOAD = Setting(None, "SECURE_HSTS_PRELOAD", False, parse=flag, sets="`SECURE_HSTS_PRELOAD`",
-                       doc="ask browsers to preload HSTS for the domain")
-SESSION_COOKIE_SECURE = Setting(None, "SESSION_COOKIE_SECURE", False, parse=flag, sets="`SESSION_COOKIE_SECURE`",
-                                doc="send the session cookie over HTTPS only")
-CSRF_COOKIE_SECURE = Setting(None, "CSRF_COOKIE_SECURE", False, parse=flag, sets="`CSRF_COOKIE_SECURE`",
-                             doc="send the CSRF cookie over HTTPS only")
+                                  shown_default=SECURE_BY_DEFAULT, sets="`SECURE_HSTS_INCLUDE_SUBDOMAINS`",
+                                  doc="HSTS covers the subdomains of the host that serves Fairshare too; turn off "
+                                      "if one of them is not on HTTPS")
+HSTS_PRELOAD = Setting(None, "SECURE_HSTS_PRELOAD", False, parse=flag, shown_default=SECURE_BY_DEFAULT,
+                       sets="`SECURE_HSTS_PRELOAD`",
+                       doc="the HSTS header consents to browsers' preload lists (nothing is listed unless "
+                           "someone submits the domain)")
+SESSION_COOKIE_SECURE = Setting(None, "SESSION_COOKIE_SECURE", False, parse=flag, shown_default=SECURE_BY_DEFAULT,
+                                sets="`SESSION_COOKIE_SECURE`", doc="send the session cookie over HTTPS only")
+CSRF_COOKIE_SECURE = Setting(None, "CSRF_COOKIE_SECURE", False, parse=flag, shown_default=SECURE_BY_DEFAULT,
+                             sets="`CSRF_COOKIE_SECURE`", doc="send the CSRF cookie over HTTPS only")
+HSTS_SECONDS_WITHOUT_DEBUG = 31_536_000  # a year: what `check --deploy` and the preload lists ask for
 PROXY_SSL_HEADER = Setting(None, "SECURE_PROXY_SSL_HEADER", "", shown_default="unset",
                            sets="`SECURE_PROXY_SSL_HEADER`",
                            doc="behind a TLS-terminating proxy: the header that says HTTPS, as "
                                "`NAME=value` (e.g. `HTTP_X_FORWARDED_PROTO=https`)")
 
 VARIABLES = (
-    VAR_DIR, DEBUG, SECRET_KEY, ALLOWED_HOSTS, DATABASE_URL, DB_CONN_MAX_AGE, REDIS_URL,
+    VAR_DIR, DEBUG, SECRET_KEY, ALLOWED_HOSTS, DATABASE_URL, DB_CONN_MAX_AGE,
+    DB_IDLE_IN_TRANSACTION_TIMEOUT, DB_LOCK_TIMEOUT, DB_STATEMENT_TIMEOUT, REDIS_URL,
     TASK_TIMEOUT, WORKERS, POLL, EXPORT_TIMEOUT, EXPORT_RETRY, EXPORT_WORKERS,
     EXPORTS_S3_BUCKET, EXPORTS_S3_ENDPOINT_URL, EXPORTS_S3_REGION, EXPORTS_STORAGE_BACKEND, EXPORTS_ROOT,
     LOG_FORMAT, LOG_LEVEL, Q_LOG_LEVEL, EMAIL_BACKEND, EMAIL_FILE_PATH,

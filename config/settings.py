@@ -65,14 +65,18 @@ MIDDLEWARE = [
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
 ]
 
-# HTTPS: all off by default (demo and tests are plain HTTP); production turns them on from the
-# environment and `manage.py check --deploy` is then clean (tests/test_settings.py).
-SECURE_SSL_REDIRECT = env.SSL_REDIRECT.read()
-SECURE_HSTS_SECONDS = env.HSTS_SECONDS.read()
-SECURE_HSTS_INCLUDE_SUBDOMAINS = env.HSTS_INCLUDE_SUBDOMAINS.read()
-SECURE_HSTS_PRELOAD = env.HSTS_PRELOAD.read()
-SESSION_COOKIE_SECURE = env.SESSION_COOKIE_SECURE.read()
-CSRF_COOKIE_SECURE = env.CSRF_COOKIE_SECURE.read()
+# HTTPS: on by default unless DEBUG (config/env.py says why); each part can be turned off from the
+# environment. The demo (DEBUG=1) and the test suite (tests/conftest.py) speak plain HTTP on loopback.
+SECURE_SSL_REDIRECT = env.SSL_REDIRECT.read(default=not DEBUG)
+SECURE_HSTS_SECONDS = env.HSTS_SECONDS.read(default=0 if DEBUG else env.HSTS_SECONDS_WITHOUT_DEBUG)
+SECURE_HSTS_INCLUDE_SUBDOMAINS = env.HSTS_INCLUDE_SUBDOMAINS.read(default=not DEBUG)
+SECURE_HSTS_PRELOAD = env.HSTS_PRELOAD.read(default=not DEBUG)
+SESSION_COOKIE_SECURE = env.SESSION_COOKIE_SECURE.read(default=not DEBUG)
+CSRF_COOKIE_SECURE = env.CSRF_COOKIE_SECURE.read(default=not DEBUG)
+# Probes and scrapers ask these over plain HTTP from inside the network (a load balancer, the
+# kubelet, Prometheus, the `curl -sf .../healthz` of docs/deploy.md): a 301 would count as healthy
+# for them and hide a 503. Neither page sets a cookie or reads a session.
+SECURE_REDIRECT_EXEMPT = [r"^healthz$", r"^metrics$"]
 if env.PROXY_SSL_HEADER.read():
     _header, _, _value = env.PROXY_SSL_HEADER.read().partition("=")
     if not _value:
@@ -117,6 +121,20 @@ if DATABASES["default"]["ENGINE"] == "django.db.backends.sqlite3":
         "timeout": 30,
         "init_command": "PRAGMA journal_mode=WAL; PRAGMA synchronous=NORMAL;",
     }
+# What one PostgreSQL session may hold, and for how long (config/env.py; system check
+# scheduling.E008 keeps them in order): the server itself ends a frozen process's transaction and
+# frees its row locks, whatever that process does. Every connection gets them (web, workers, an
+# export's COPY reader, management commands); 0 leaves the server's or the role's value (behind a
+# pooler that refuses startup options, set them on the role instead: docs/deploy.md).
+DATABASE_SESSION_TIMEOUTS_S = {
+    "idle_in_transaction_session_timeout": env.DB_IDLE_IN_TRANSACTION_TIMEOUT.read(),
+    "lock_timeout": env.DB_LOCK_TIMEOUT.read(),
+    "statement_timeout": env.DB_STATEMENT_TIMEOUT.read(),
+}
+if DATABASES["default"]["ENGINE"] == "django.db.backends.postgresql":
+    _options = DATABASES["default"].setdefault("OPTIONS", {})
+    _options["options"] = " ".join(filter(None, [_options.get("options", ""), *(
+        f"-c {name}={seconds}s" for name, seconds in DATABASE_SESSION_TIMEOUTS_S.items() if seconds)]))
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
 AUTH_PASSWORD_VALIDATORS = [
@@ -220,9 +238,10 @@ FAIRSHARE = {
     "TASK_MIDDLEWARE": [
         "scheduling.middleware.ContractMiddleware",
         "scheduling.middleware.RunRecordingMiddleware",
+        # Admission, CPU cap and settlement; it also holds work a pause covers (its admission reads
+        # the pause with the account's standing), so scheduling.pausing.PauseMiddleware, for chains
+        # without budgets, is not listed.
         "budgets.middleware.BudgetMiddleware",
-        # Inside the budget's admission, so that a paused job gives its dispatched slot back.
-        "scheduling.pausing.PauseMiddleware",
         "scheduling.middleware.RetryMiddleware",
     ],
     # The enqueue-time checks account work passes before it is sent to the broker (dotted paths,

@@ -22,7 +22,8 @@ from scheduling.faults import fault_point
 from scheduling.metering import Meter
 from scheduling.models import Outcome, TaskRun
 from scheduling.redaction import describe_error
-from scheduling.runtime import UnlimitedBudget, close_old_connections
+from scheduling.context import UnlimitedBudget
+from scheduling.db import close_old_connections
 
 logger = logging.getLogger("fairshare.exports")
 

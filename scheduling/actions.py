@@ -13,7 +13,7 @@ from scheduling import envelope as contract
 from scheduling import holding
 from scheduling.models import DeferredTask
 from scheduling.operator import ItemResult, log_action, refusal
-from scheduling.runtime import RUNNER, send
+from scheduling.broker import RUNNER, send
 
 
 def release_held(*, user, deferred_ids: list[int]) -> list[ItemResult]:

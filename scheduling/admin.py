@@ -76,7 +76,7 @@ class TaskRunDailyAdmin(ReadOnlyAdmin):
 
 @admin.register(WorkerHeartbeat)
 class WorkerHeartbeatAdmin(ReadOnlyAdmin):
-    list_display = ["worker", "queue", "seen_at"]
+    list_display = ["worker", "queue", "seen_at", "stalled_since"]
     list_filter = ["queue"]
     account_path = None
 

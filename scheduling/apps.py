@@ -41,5 +41,5 @@ class SchedulingConfig(AppConfig):
 
         for check in (kernel_checks.check_clusters, kernel_checks.check_pulse, kernel_checks.check_stall_threshold,
                       kernel_checks.check_metrics_networks, kernel_checks.check_logging_redacts,
-                      kernel_checks.check_envelope_version):
+                      kernel_checks.check_envelope_version, kernel_checks.check_database_timeouts):
             checks.register(check, "fairshare")

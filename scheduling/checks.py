@@ -68,6 +68,14 @@ def check_stall_threshold(app_configs=None, **kwargs) -> list[checks.CheckMessag
             hint="A message waits up to a poll before an idle worker fetches it, so /healthz would report "
                  "a working queue stalled. Raise FAIRSHARE_QUEUE_STALL_AFTER_S.",
             id="scheduling.E005")]
+    exit_after = settings.FAIRSHARE["STALLED_POOL_EXIT_AFTER_S"]
+    if exit_after and exit_after <= stall_after:
+        return [checks.Error(
+            f'FAIRSHARE["STALLED_POOL_EXIT_AFTER_S"] ({exit_after:g} s) must be larger than '
+            f'FAIRSHARE["QUEUE_STALL_AFTER_S"] ({stall_after:g} s), or 0.',
+            hint="A stuck pool would end itself before /healthz and fairshare_queue_stalled have said it is "
+                 "stuck. Raise FAIRSHARE_STALLED_POOL_EXIT_AFTER_S.",
+            id="scheduling.E009")]
     return []
 
 
@@ -118,3 +126,26 @@ def check_envelope_version(app_configs=None, **kwargs) -> list[checks.CheckMessa
                  "running speaks during a rolling upgrade (docs/deploy.md).",
             id="scheduling.E007")]
     return []
+
+
+def check_database_timeouts(app_configs=None, **kwargs) -> list[checks.CheckMessage]:
+    """A frozen lock holder's session must end before its waiters give up (so a freeze delays work
+    and fails none), and a statement's lock wait counts against its statement timeout."""
+    timeouts = getattr(settings, "DATABASE_SESSION_TIMEOUTS_S", {})
+    idle, lock, statement = (timeouts.get(name, 0) for name in (
+        "idle_in_transaction_session_timeout", "lock_timeout", "statement_timeout"))
+    errors = []
+    if idle and lock and lock <= idle:
+        errors.append(checks.Error(
+            f"FAIRSHARE_DB_LOCK_TIMEOUT_S ({lock} s) must be larger than FAIRSHARE_DB_IDLE_IN_TRANSACTION_TIMEOUT_S "
+            f"({idle} s).",
+            hint="Workers waiting for a lock that a frozen process holds would fail before the server ends the "
+                 "frozen session and frees the lock.",
+            id="scheduling.E008"))
+    if statement and lock and statement <= lock:
+        errors.append(checks.Error(
+            f"FAIRSHARE_DB_STATEMENT_TIMEOUT_S ({statement} s) must be larger than FAIRSHARE_DB_LOCK_TIMEOUT_S "
+            f"({lock} s), or 0.",
+            hint="Time spent waiting for a lock counts against the statement timeout: it would fire first.",
+            id="scheduling.E008"))
+    return errors

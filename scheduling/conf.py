@@ -105,9 +105,15 @@ SETTINGS = (
     Setting("HEALTH_HEARTBEAT_MAX_AGE_S", "FAIRSHARE_HEALTH_HEARTBEAT_MAX_AGE", 60, parse=int, unit="s",
             doc="`/healthz` wants a worker per queue whose heartbeat is this recent"),
     Setting("QUEUE_STALL_AFTER_S", "FAIRSHARE_QUEUE_STALL_AFTER_S", 120.0, parse=float, unit="s",
-            doc="`/healthz` (503) and `fairshare_queue_stalled` call a queue stalled when a message no "
+            doc="`/healthz` (503) and `fairshare_queue_stalled` call a queue stalled when work has waited "
+                "this long inside one of its pools that no idle worker of it takes, or when a message no "
                 "cluster has fetched waited this long, no task of the queue started since it was sent and "
                 "none is running: its workers beat but do no work"),
+    Setting("STALLED_POOL_EXIT_AFTER_S", "FAIRSHARE_STALLED_POOL_EXIT_AFTER_S", 180.0, parse=float, unit="s",
+            doc="a pool in which work has waited this long that no idle worker of it takes (its queue lock lost "
+                "with a killed worker) ends itself, every process SIGKILLed and the main PID first (a non-zero "
+                "exit), so that its supervisor starts it again; above `FAIRSHARE_QUEUE_STALL_AFTER_S`, so "
+                "`/healthz` has said so meanwhile; 0: never"),
     Setting("METRICS_TOKEN", "FAIRSHARE_METRICS_TOKEN", "", shown_default="unset",
             doc="a bearer token that may read `/metrics`"),
     Setting("METRICS_ALLOWED_NETWORKS", "FAIRSHARE_METRICS_ALLOWED_NETWORKS", "127.0.0.1/32,::1/128",

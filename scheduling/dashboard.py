@@ -1,16 +1,17 @@
 """The operations dashboard (/admin/dashboard/): queues, throughput and failures over 24 h, usage
-against budget per account over 14 days, held work by reason, drawn as server-side SVG.
+against budget of the busiest accounts over 14 days, held work by reason, drawn as server-side SVG.
 
-A fixed number of queries whatever the history holds: each reads a bounded window through an
-index (task runs of the last 24 h by `started_at`; the daily ledger `UsageDay` and the daily
-roll-ups `TaskRunDaily` for 14 days), aggregated in the database.
+A fixed number of queries whatever the history, the accounts and the holding area hold: each
+reads a bounded window through an index (task runs of the last 24 h by `started_at`; the daily
+ledger `UsageDay` and the daily roll-ups `TaskRunDaily` for 14 days), aggregated in the database,
+and the holding area through its counts (Backlog).
 """
 import datetime as dt
 from collections import defaultdict
 
 from django.contrib.admin.views.decorators import staff_member_required
-from django.db.models import Count, Q, Sum
-from django.db.models.functions import TruncDate, TruncHour
+from django.db.models import Count, OuterRef, Q, Subquery, Sum, Value
+from django.db.models.functions import Coalesce, TruncDate, TruncHour
 from django.shortcuts import render
 from django.utils import timezone
 
@@ -18,7 +19,8 @@ from budgets.models import Budget, UsageDay
 from budgets.tenancy import accounts_visible_to
 from scheduling import charts
 from scheduling.liveness import queue_health
-from scheduling.models import DeferredTask, Outcome, Pause, TaskRun, TaskRunDaily
+from scheduling.models import Backlog, DeferReason, Outcome, Pause, TaskRun, TaskRunDaily
+from scheduling.selectors import held_counts
 
 FAILURES = (Outcome.FAILED, Outcome.RETRYING, Outcome.LOST, Outcome.REJECTED)
 DAYS = 14
@@ -58,15 +60,25 @@ def runs_per_day(*, accounts, today: dt.date, superuser: bool) -> dict:
             "failed": [counts[d][1] for d in days]}
 
 
+# How many accounts the usage panel draws: those that used the most CPU over the window.
+TOP_ACCOUNTS = 12
+
+
 def usage_against_budget(*, accounts, today: dt.date) -> list[dict]:
-    """Per account: CPU seconds used per day (every queue) over DAYS days, and today's limit
-    (two queries: the ledger's window and the budgets)."""
+    """For the TOP_ACCOUNTS accounts that used the most CPU over DAYS days: CPU seconds used per
+    day (every queue), and today's limit (three queries, whatever the number of accounts: the
+    top accounts, their window of the ledger, their budgets)."""
     first = today - dt.timedelta(days=DAYS - 1)
+    window = UsageDay.objects.filter(day__gte=first)
+    spent = (window.filter(account_id=OuterRef("pk")).values("account_id").annotate(ms=Sum("cpu_used_ms")).values("ms"))
+    top = list(accounts.filter(budgets__isnull=False).distinct()
+               .annotate(ms=Coalesce(Subquery(spent), Value(0))).order_by("-ms", "slug")
+               .values_list("pk", flat=True)[:TOP_ACCOUNTS])
     used: dict[str, dict[dt.date, float]] = defaultdict(dict)
-    for row in (UsageDay.objects.filter(account__in=accounts, day__gte=first).values("account__slug", "day")
+    for row in (window.filter(account_id__in=top).values("account__slug", "day")
                 .annotate(ms=Sum("cpu_used_ms")).order_by()):
         used[row["account__slug"]][row["day"]] = row["ms"] / 1000
-    limits = dict(Budget.objects.filter(account__in=accounts).values("account__slug")
+    limits = dict(Budget.objects.filter(account_id__in=top).values("account__slug")
                   .annotate(s=Sum("cpu_seconds_per_day")).values_list("account__slug", "s").order_by())
     days = [first + dt.timedelta(days=i) for i in range(DAYS)]
     return [{"account": slug, "limit": limit, "today": used[slug].get(today, 0.0),
@@ -76,10 +88,13 @@ def usage_against_budget(*, accounts, today: dt.date) -> list[dict]:
 
 
 def held_by_reason(*, accounts, superuser: bool) -> list[tuple[str, float]]:
-    held = DeferredTask.objects.all() if superuser else DeferredTask.objects.filter(account__in=accounts)
-    labels = dict(DeferredTask._meta.get_field("reason").choices)
-    return [(f"{labels.get(r['reason'], r['reason'])} ({r['queue']})", r["n"])
-            for r in held.values("reason", "queue").annotate(n=Count("pk")).order_by("-n")]
+    """Held jobs by reason and queue: the accounts' Backlog counts (not the held jobs), and for
+    superusers the account-less ones (parked or scheduled system work). Two queries."""
+    counts = held_counts(backlogs=Backlog.objects.all() if superuser else Backlog.objects.filter(account__in=accounts),
+                         account_less=superuser)
+    labels = dict(DeferReason.choices)
+    return [(f"{labels.get(reason, reason)} ({queue})", n)
+            for (queue, reason), n in sorted(counts.items(), key=lambda item: -item[1])]
 
 
 @staff_member_required

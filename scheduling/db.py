@@ -1,5 +1,6 @@
-"""The cursor for Fairshare's own hot statements: the admission, settlement, hand-off and enqueue
-checks every task pays for, hand-written SQL of a few fixed shapes.
+"""Database connections for the kernel and the apps: the cursor for Fairshare's own hot statements
+(the admission, settlement, hand-off and enqueue checks every task pays for, hand-written SQL of a
+few fixed shapes, named parameters), and keeping a worker's connections healthy between tasks.
 
 On PostgreSQL (psycopg 3) they are bound server-side and prepared once per connection: these
 data-modifying WITH statements cost more to plan than to run (EXPLAIN ANALYZE on this project's
@@ -12,10 +13,14 @@ Elsewhere (SQLite) it is Django's cursor.
 """
 import select
 import time
+from collections.abc import Callable, Mapping
+from typing import Any, TypeVar
 
 from django.conf import settings
-from django.db import DEFAULT_DB_ALIAS, connections
+from django.db import DEFAULT_DB_ALIAS, InterfaceError, OperationalError, connections
 from django.db.backends.utils import CursorWrapper
+
+T = TypeVar("T")
 
 try:
     import psycopg
@@ -97,3 +102,56 @@ def trust_quiet_connection() -> None:
     if select.select([raw.fileno()], [], [], 0)[0]:
         return
     connection.health_check_done = True
+
+
+def params(*parts: Mapping[str, Any]) -> dict[str, Any]:
+    """The named parameters of a statement made of parts (each a rule's or a fragment's own): a
+    name two parts share must mean the same value in both (the same account, the same `now`)."""
+    merged: dict[str, Any] = {}
+    for part in parts:
+        for name, value in part.items():
+            if name in merged and merged[name] != value:
+                raise ValueError(f"parameter {name!r} given two values: {merged[name]!r} and {value!r}")
+            merged[name] = value
+    return merged
+
+
+def close_old_connections() -> None:
+    """Close this thread's connections that died or were left unusable; keep healthy ones.
+
+    Not Django's `close_old_connections()`: that also closes connections past CONN_MAX_AGE
+    (with 0, every one, so a worker paid for a new database connection on every task); and inside
+    a caller's transaction (django-q2 `sync` mode, a test, an on-commit callback run inside an outer
+    atomic block) it would close the connection under its caller. A worker between tasks is never
+    inside one, and a connection that saw an error is checked and replaced only if it is dead.
+    """
+    for conn in connections.all(initialized_only=True):
+        if conn.connection is None or conn.in_atomic_block:
+            continue
+        if conn.get_autocommit() != conn.settings_dict["AUTOCOMMIT"]:
+            conn.close()
+        elif conn.errors_occurred:
+            if conn.is_usable():
+                conn.errors_occurred = False
+            else:
+                conn.close()
+
+
+# Writes that must land after the work is done (settlement, the run's record): tries, and the pause
+# before the n-th retry (n x this).
+RECONNECT_ATTEMPTS = 5
+RECONNECT_DELAY_S = 0.5
+
+
+def retry_on_disconnect(write: Callable[[], T]) -> T:
+    """Run `write`, reconnecting and trying again when the database connection dropped (a
+    failover, a proxy restart, `pg_terminate_backend`): the classic transient failure, and the
+    work it would lose is already done. `write` must be one transaction, safe to run again."""
+    for attempt in range(1, RECONNECT_ATTEMPTS + 1):
+        try:
+            return write()
+        except (OperationalError, InterfaceError):
+            if attempt == RECONNECT_ATTEMPTS:
+                raise
+            close_old_connections()
+            time.sleep(RECONNECT_DELAY_S * attempt)

@@ -1,69 +1,115 @@
-"""The holding area (DeferredTask): work that may not run now waits here with its reason and the
-time it becomes eligible, instead of in the broker. Only this module writes it.
+"""The holding area (DeferredTask, counted in Backlog): work that may not run now waits here with its
+reason and the time it may go, instead of in the broker. Only this module (and the triggers that
+count it) writes these tables; other apps' hand-written statements use scheduling.sql.
 
-Release = taking held work out of the holding area and sending it again; nothing else.
-Claim = a worker takes a held job to run it itself, straight away, without a broker round trip
-(a hand-off when its account's run settles, a pull when a worker has nothing else to do): the row
-stays, marked with the worker and a lease, until that run starts (`claim_complete_sql`). A claim
-whose lease expired (its worker died) is eligible again: the next release or claim takes it.
+The words, each in one sense:
+- hold: put a job in the holding area. It waits for a time of its own (a retry's back-off, a
+  `run_after`, a resume), or, in its account's **line**, for its account (a free slot, budget).
+- line: an account's held jobs that go as soon as the account may run, in order: highest priority
+  first, then longest in line. A job whose own time came **lines up** (`line_up_due`).
+- block: the account's whole line waits until a time (its budget is spent until the next budget
+  day: `hold` blocks it; `unblock` when an operator gives it more).
+- release: take held work out of the holding area and send it again; nothing else.
+- claim: a worker takes the first job of a line to run it itself, straight away, without a broker
+  round trip (a hand-off when its account's run settles, a pull when a worker is free); the row
+  stays, marked with the worker and a lease, until that run starts (`complete_claim`). A claim
+  whose lease expired (its worker died) is claimable again.
+- park: keep a message of a newer envelope version than this process speaks, unchanged, for a
+  worker that speaks it; parked messages are never claimed.
 
-A process releases only work whose envelope version it speaks (`eligible`): messages parked for
-a newer worker (rolling upgrades, `park`) wait for an upgraded one, whoever runs the release, and
-are never claimed: they go back to the broker unchanged.
+What each question about held work reads (the cost model, as held jobs and accounts grow): a hold,
+release, claim or unhold reads its own rows through an index, O(log n); "is anything of this
+account's in line", "which accounts could run now" read Backlog (O(accounts that could run), never
+the held jobs); lining up reads only what is due (the own-time index). EXPLAINed with 100,000 held
+rows in tests/scheduling/test_held_work_cost.py.
 """
 import datetime as dt
 import hashlib
 import json
-import logging
 from typing import Any
 
-from django.db import connection, transaction
+from django.db import transaction
 from django.db.models import F, Q
 
 from budgets.models import Account
 from scheduling import clock
+from scheduling.broker import send_message, send_on_commit
 from scheduling.envelope import MAX_REF_LENGTH, Envelope, known_version
-from scheduling.models import DeferReason, DeferredTask
-from scheduling.runtime import Handoff, close_old_connections, enqueue_gates, send_message, send_on_commit
+from scheduling.gates import enqueue_gates
+from scheduling.models import ACCOUNT_WAITS_REASONS, NOT_BLOCKED, OWN_TIME_REASONS, Backlog, DeferReason, DeferredTask
 
-logger = logging.getLogger("fairshare.tasks")
+# Claim order within an account's line: what the index deferred_line is sorted by.
+LINE_ORDER = ("-priority", "in_line_since", "id")
+
+
+def _in_line_since(reason: str, eligible_at: dt.datetime, now: dt.datetime) -> dt.datetime | None:
+    """A job held for `reason` joins its account's line now, unless it waits for a time of its own
+    that has not come."""
+    return None if reason in OWN_TIME_REASONS and eligible_at > now else now
 
 
 def hold(*, envelope: Envelope, queue: str, reason: str, eligible_at: dt.datetime) -> None:
-    """Put a job in the holding area (or refresh its reason if it is already held)."""
+    """Put a job in the holding area (or refresh its reason if it is already held). A job held
+    for its account's budget until a later time holds up the account's line until then."""
+    now = clock.now()
+    in_line_since = _in_line_since(reason, eligible_at, now)
     # Duplicate deliveries of one envelope are held once: the (job, ref) constraint decides.
     held, created = DeferredTask.objects.get_or_create(
         job=envelope.job, ref=envelope.ref,
         defaults={"account_id": envelope.account, "queue": queue, "reason": reason, "eligible_at": eligible_at,
-                  "priority": envelope.priority},
+                  "priority": envelope.priority, "in_line_since": in_line_since},
     )
     if not created:
         # Held again: a claim on it is void (its claimant's admission then finds it lost and does
-        # not run it), and it keeps its place in line.
+        # not run it), and in line it keeps its place.
         DeferredTask.objects.filter(pk=held.pk).update(
             reason=reason, eligible_at=eligible_at, deferrals=F("deferrals") + 1, claimed_by="", claim_expires_at=None,
+            in_line_since=None if in_line_since is None else (held.in_line_since or in_line_since),
         )
+    if reason in ACCOUNT_WAITS_REASONS and eligible_at > now and envelope.account is not None:
+        block(account_id=envelope.account, queue=queue, until=eligible_at)
 
 
 def hold_many(*, envelopes: list[Envelope], queue: str, reason: str, eligible_at: dt.datetime) -> None:
     """Put a batch of jobs in the holding area with one insert, in their order (a job already
     held keeps its row as it is)."""
+    now = clock.now()
+    in_line_since = _in_line_since(reason, eligible_at, now)
     DeferredTask.objects.bulk_create(
         [DeferredTask(account_id=e.account, queue=queue, job=e.job, ref=e.ref, reason=reason, eligible_at=eligible_at,
-                      priority=e.priority) for e in envelopes],
+                      priority=e.priority, in_line_since=in_line_since) for e in envelopes],
         ignore_conflicts=True,
     )
+    accounts = {e.account for e in envelopes if e.account is not None}
+    if reason in ACCOUNT_WAITS_REASONS and eligible_at > now:
+        for account_id in accounts:
+            block(account_id=account_id, queue=queue, until=eligible_at)
 
 
 def hold_scheduled(*, envelope: Envelope, queue: str, run_after: dt.datetime) -> None:
-    """Hold work enqueued with a time before which it may not run (`enqueue(run_after=)`); the
-    pulse releases it once that time has come, as any held work."""
+    """Hold work enqueued with a time before which it may not run (`enqueue(run_after=)`); it lines
+    up once that time has come (`line_up_due`) and then goes as any held work."""
     hold(envelope=envelope, queue=queue, reason=DeferReason.SCHEDULED, eligible_at=run_after)
+
+
+def block(*, account_id: int, queue: str, until: dt.datetime) -> None:
+    """The account's line on the queue waits until `until` (or later, if it already waits longer):
+    its budget is spent. Jobs in it that waited for budget its running jobs had reserved now wait
+    for the same (index deferred_budget_reserved: they are a handful at most)."""
+    Backlog.objects.filter(account_id=account_id, queue=queue, blocked_until__lt=until).update(blocked_until=until)
+    DeferredTask.objects.filter(account_id=account_id, queue=queue, reason=DeferReason.BUDGET_RESERVED).update(
+        reason=DeferReason.BUDGET_EXHAUSTED, eligible_at=until)
+
+
+def unblock(*, account_id: int, queue: str) -> int:
+    """The account's line may go again now (its budget was raised); returns 1 when it waited."""
+    return Backlog.objects.filter(account_id=account_id, queue=queue, blocked_until__gt=clock.now()).update(
+        blocked_until=NOT_BLOCKED)
 
 
 def park(*, message: dict[str, Any], version: int, queue: str) -> DeferredTask:
     """Keep a message of a newer envelope version than this worker speaks, unchanged, until a worker
-    that speaks it releases it. Keyed like held work by (job, ref), read as far as v1 can."""
+    that speaks it releases it. Keyed like held work by (job, ref), read as far as this worker can."""
     job, account, ref = message.get("job"), message.get("account"), message.get("ref")
     job = job[:100] if isinstance(job, str) and job else "(newer envelope)"
     if not isinstance(ref, str) or len(ref) > MAX_REF_LENGTH:  # a shape v1 cannot key: its digest
@@ -72,7 +118,7 @@ def park(*, message: dict[str, Any], version: int, queue: str) -> DeferredTask:
     parked, _ = DeferredTask.objects.update_or_create(
         job=job, ref=ref,
         defaults={"reason": DeferReason.NEEDS_NEWER_WORKER, "envelope_version": version, "message": message,
-                  "claimed_by": "", "claim_expires_at": None},
+                  "claimed_by": "", "claim_expires_at": None, "in_line_since": None},
         create_defaults={"account_id": account if valid_account else None, "queue": queue,
                          "reason": DeferReason.NEEDS_NEWER_WORKER, "eligible_at": clock.now(),
                          "envelope_version": version, "message": message},
@@ -87,89 +133,72 @@ def unhold(*, job: str, ref: str) -> int:
     return deleted
 
 
-def eligible(now: dt.datetime) -> Q:
-    """Held work that may go now: its time has come, no live claim covers it, and this process
-    speaks its envelope version."""
-    return (Q(eligible_at__lte=now) & (Q(claim_expires_at__isnull=True) | Q(claim_expires_at__lt=now))
-            & Q(envelope_version__lte=known_version()))
+def claimable(now: dt.datetime) -> Q:
+    """Held work a worker may claim or a release may send now: in its account's line, and no live
+    claim covers it. (Whether the account may run now is Backlog's: `ready`.)"""
+    return Q(in_line_since__isnull=False) & (Q(claim_expires_at__isnull=True) | Q(claim_expires_at__lt=now))
 
 
-# A claim: the account's oldest eligible held job (`eligible`'s condition; never a parked message:
-# it goes back to the broker as it came), locked with SKIP LOCKED so two workers never claim the
-# same job and one claiming job waits for no other, marked with its claimant and the claim's expiry.
-_CLAIM_SQL = """
-UPDATE {deferred} SET claimed_by = %s, claim_expires_at = %s
- WHERE id = (SELECT d.id FROM {deferred} d
-              WHERE d.account_id = %s AND d.queue = %s AND d.message IS NULL AND d.envelope_version <= %s
-                AND d.eligible_at <= %s AND (d.claim_expires_at IS NULL OR d.claim_expires_at < %s){unless}
-              ORDER BY d.priority DESC, d.created_at, d.id LIMIT 1{lock})
-RETURNING job, ref, priority
-"""
+def ready(now: dt.datetime) -> Q:
+    """Backlog rows of accounts whose line could go now: something in line, not blocked. (Paused
+    accounts are for the caller to leave out: scheduling.pausing.)"""
+    return Q(in_line__gt=0, blocked_until__lte=now)
 
 
-def claim_oldest_sql(
-    *, account_id: int, queue: str, worker: str, lease_s: float, unless: tuple[str, list] = ("", []),
-) -> tuple[str, list]:
-    """Claim the account's oldest eligible held job for `worker`, which will run it itself, unless
-    the SQL condition `unless` holds: an UPDATE returning the job's (job, ref, priority), for a caller that
-    sends it with the slot it takes for the job in one statement (budgets.handoff), inside its
-    transaction."""
+def in_line(*, account_id: int, queue: str) -> bool:
+    """Whether the account has held work in its line on the queue."""
+    return Backlog.objects.filter(account_id=account_id, queue=queue, in_line__gt=0).exists()
+
+
+def blocked(*, account_id: int, queue: str) -> bool:
+    """Whether the account's line on the queue waits for a time (`block`)."""
+    return Backlog.objects.filter(account_id=account_id, queue=queue, blocked_until__gt=clock.now()).exists()
+
+
+def any_ready(*, queue: str, now: dt.datetime) -> bool:
+    """Whether some account's line on the queue could go now (pause aside)."""
+    return Backlog.objects.filter(ready(now), queue=queue).exists()
+
+
+def claim(*, account_id: int, queue: str, worker: str, lease_s: float) -> DeferredTask | None:
+    """Claim the first job of the account's line for `worker`, which runs it itself (SKIP LOCKED:
+    two workers never claim the same job, and neither waits for the other). The caller decides,
+    under the account's lock, that a slot is there for it."""
     now = clock.now()
-    ops = connection.ops
-    condition, condition_params = unless
-    lock = " FOR UPDATE SKIP LOCKED" if connection.features.has_select_for_update_skip_locked else ""
-    sql = _CLAIM_SQL.format(deferred=DeferredTask._meta.db_table, lock=lock,
-                            unless=f" AND NOT {condition}" if condition else "")
-    expires = ops.adapt_datetimefield_value(now + dt.timedelta(seconds=lease_s))
-    now = ops.adapt_datetimefield_value(now)
-    return sql, [worker, expires, account_id, queue, known_version(), now, now, *condition_params]
+    first = (DeferredTask.objects.select_for_update(skip_locked=True)
+             .filter(claimable(now), account_id=account_id, queue=queue).order_by(*LINE_ORDER).first())
+    if first is None:
+        return None
+    first.claimed_by, first.claim_expires_at = worker, now + dt.timedelta(seconds=lease_s)
+    DeferredTask.objects.filter(pk=first.pk).update(claimed_by=first.claimed_by, claim_expires_at=first.claim_expires_at)
+    return first
 
 
-def claim_next(*, queue: str, worker: str) -> "Handoff | None":
-    """Pull: a free worker asks the enqueue gates for held work of its queue (`next_for`), claimed
-    for it in the gate's fair order; None when there is none (or the database is away)."""
-    try:
-        for gate in enqueue_gates():
-            next_for = getattr(gate, "next_for", None)
-            claimed = next_for(queue=queue, worker=worker) if next_for is not None else None
-            if claimed is not None:
-                return claimed
-    except Exception as exc:  # e.g. the database went away: the message's own work is done; stop
-        # here (raising would make django-q2 count the message as failed and deliver it again).
-        logger.warning("pulling held work failed", extra={"error_class": type(exc).__name__})
-        close_old_connections()
-    return None
+def claim_held(*, job: str, ref: str, worker: str) -> bool:
+    """Whether `worker` still holds its claim on the job."""
+    return DeferredTask.objects.filter(job=job, ref=ref, claimed_by=worker).exists()
 
 
-# Whether a worker still holds its claim on a job (`worker`: NULL when there is no claim, which
-# matches nothing), as SQL for the state a run's admission reads (budgets.standing).
-CLAIM_HELD_SQL = (f"EXISTS (SELECT 1 FROM {DeferredTask._meta.db_table} c "
-                  "WHERE c.job = %s AND c.ref = %s AND c.claimed_by = %s)")
+def complete_claim(*, job: str, ref: str, worker: str) -> bool:
+    """The claimed job's run starts: it leaves the holding area, if `worker` still holds its claim
+    (held again meanwhile, it must not run). Call it where the claim was seen held, under a lock
+    that keeps others from taking it (the account's Budget row)."""
+    deleted, _ = DeferredTask.objects.filter(job=job, ref=ref, claimed_by=worker).delete()
+    return deleted > 0
 
 
-def claim_complete_sql(*, job: str, ref: str, worker: str) -> tuple[str, list]:
-    """The claimed job's run is admitted: it leaves the holding area (a DELETE, for the caller to
-    send with the slot it takes, budgets.ledger). Send it where the claim was seen held, under a
-    lock that keeps others from taking it (the account's Budget row: every release and claim of
-    its work takes that lock)."""
-    return f"DELETE FROM {DeferredTask._meta.db_table} WHERE job = %s AND ref = %s AND claimed_by = %s", [job, ref, worker]
-
-
-def release_oldest(*, account_id: int, queue: str, limit: int) -> list[DeferredTask]:
-    """Ring the doorbell again for the account's oldest due held jobs; returns them.
+def release_first(*, account_id: int, queue: str, limit: int) -> list[DeferredTask]:
+    """Ring the doorbell again for the first `limit` jobs of the account's line; returns them.
 
     Call it inside a transaction: the rows are locked (SKIP LOCKED, so concurrent callers take
     different ones) and sent once the caller commits.
     """
     if limit <= 0:
         return []
-    due = list(
-        DeferredTask.objects.select_for_update(skip_locked=True)
-        .filter(eligible(clock.now()), account_id=account_id, queue=queue)
-        .order_by("-priority", "created_at", "id")[:limit]
-    )
-    _send_back(due)
-    return due
+    first = list(DeferredTask.objects.select_for_update(skip_locked=True)
+                 .filter(claimable(clock.now()), account_id=account_id, queue=queue).order_by(*LINE_ORDER)[:limit])
+    _send_back(first)
+    return first
 
 
 def release_now(*, deferred_ids: list[int]) -> int:
@@ -181,20 +210,51 @@ def release_now(*, deferred_ids: list[int]) -> int:
     return len(held)
 
 
-def release_due() -> int:
-    """Release held work whose time has come (back-off over, new budget day, a freed slot).
+# How many held jobs whose own time came one tick lines up (the next tick takes the rest).
+LINE_UP_BATCH = 1000
 
-    The enqueue gates decide how much of it may go (the budget gate: as many as each account has
-    free slots); with no gate configured, all of it goes. Returns how many were released.
-    """
-    gates = enqueue_gates()
-    released = sum(gate.release_due() for gate in gates)
+
+def line_up_due(now: dt.datetime) -> tuple[int, int]:
+    """Held jobs whose own time came (a back-off ended, a `run_after` passed) join their account's
+    line, in the order their times came; account-less ones (scheduled system work) are sent. Reads
+    only what is due (index deferred_own_time). Returns how many lined up and how many were sent."""
     with transaction.atomic():
-        # Gates see account work only: parked account-less messages go straight back.
-        due = DeferredTask.objects.select_for_update(skip_locked=True).filter(eligible(clock.now()))
-        due = list(due.filter(account__isnull=True) if gates else due)
-        _send_back(due)
-    return released + len(due)
+        due = list(DeferredTask.objects.select_for_update(skip_locked=True)
+                   .filter(in_line_since__isnull=True, message__isnull=True, eligible_at__lte=now)
+                   .order_by("account_id", "queue", "eligible_at")[:LINE_UP_BATCH])
+        # One account and queue after another (the order of `due`): their Backlog rows are locked
+        # in one order by every process lining up, so two of them never wait for each other.
+        lined_up = [task for task in due if task.account_id is not None]
+        for task in lined_up:
+            DeferredTask.objects.filter(pk=task.pk).update(in_line_since=task.eligible_at)
+        _send_back([task for task in due if task.account_id is None])
+    return len(lined_up), len(due) - len(lined_up)
+
+
+def release_due() -> int:
+    """The pulse's tick (and the `scheduling.release_deferred` schedule's): held jobs whose own
+    time came line up, then the enqueue gates send what may go now (the budget gate: each ready
+    account's line into its free slots); with no gate configured, every line that may go goes.
+    Messages parked for a version this process speaks go back too. Returns how many were sent."""
+    now = clock.now()
+    _, sent = line_up_due(now)
+    sent += release_parked()
+    gates = enqueue_gates()
+    if gates:
+        return sent + sum(gate.release_due() for gate in gates)
+    for account_id, queue in Backlog.objects.filter(ready(now)).values_list("account_id", "queue"):
+        with transaction.atomic():
+            sent += len(release_first(account_id=account_id, queue=queue, limit=LINE_UP_BATCH))
+    return sent
+
+
+def release_parked() -> int:
+    """Send back the messages parked for a newer envelope version that this process speaks."""
+    with transaction.atomic():
+        parked = list(DeferredTask.objects.select_for_update(skip_locked=True)
+                      .filter(message__isnull=False, envelope_version__lte=known_version()))
+        _send_back(parked)
+    return len(parked)
 
 
 def _send_back(held: list[DeferredTask]) -> None:

@@ -4,16 +4,19 @@ A worker's heartbeat is written by its pulse thread, which keeps running while t
 thread is stuck: after an idle worker is SIGKILLed while holding the pool's task-queue lock
 (django-q2 upstream issue, see docs/architecture.md "Running workers in production"), the
 reincarnated workers beat and never run a task. So a heartbeat only shows that a process exists;
-that a pool works is shown by work. A queue is **stalled** when a message that no cluster has
-fetched has waited longer than FAIRSHARE["QUEUE_STALL_AFTER_S"], no task of the queue has started
-since that message was sent, and no task of the queue is running on a live worker (a pool busy
-with long tasks is busy, not stalled).
+that a pool works is shown by work started. A queue is **stalled** when either
 
-Only messages nobody fetched count. A stuck pool fetches a few (its pusher fills the pool's
-internal queue: `queue_limit`, workers² by default, plus one) and then stops fetching, so the
-messages behind them wait in the broker, and those are what shows the stall. Messages fetched by
-a pool that was killed stay in the ORM broker until `retry` redelivers them; a restart cannot
-speed that up, so they must not raise the alarm (the reconciler re-sends exports among them).
+- a live worker reports that work has waited in its pool for longer than
+  FAIRSHARE["QUEUE_STALL_AFTER_S"] and it, idle all along, started none of it
+  (`WorkerHeartbeat.stalled_since`, from the pool's own look: scheduling.stuck). Whether the
+  message was fetched does not matter: the work is inside the pool and nobody starts it. Or
+- a message that no cluster has fetched has waited longer than that in the broker, no task of the
+  queue has started since it was sent, and none is running on a live worker (a pool busy with long
+  tasks is busy, not stalled): the view from outside, for a pool that cannot look at itself.
+
+Messages fetched by a pool that was killed are in no pool: they stay in the ORM broker until
+`retry` redelivers them, a restart cannot speed that up, and so they raise no alarm (the
+reconciler re-sends the exports among them).
 """
 import datetime as dt
 from dataclasses import dataclass
@@ -51,12 +54,20 @@ def _oldest_sent(queue: str, broker) -> tuple[dt.datetime | None, dt.datetime | 
     return None, None
 
 
-def _live_workers() -> dict[str, list[str]]:
-    """Worker ids (host:pid) per queue heard from within FAIRSHARE["HEALTH_HEARTBEAT_MAX_AGE_S"]."""
+@dataclass(frozen=True)
+class LiveWorker:
+    worker: str  # host:pid
+    seen_at: dt.datetime
+    stalled_since: dt.datetime | None  # its pool's own verdict (scheduling.stuck)
+
+
+def _live_workers() -> dict[str, list[LiveWorker]]:
+    """Workers per queue heard from within FAIRSHARE["HEALTH_HEARTBEAT_MAX_AGE_S"]."""
     since = timezone.now() - dt.timedelta(seconds=settings.FAIRSHARE["HEALTH_HEARTBEAT_MAX_AGE_S"])
-    workers: dict[str, list[str]] = {}
-    for worker, queue in WorkerHeartbeat.objects.filter(seen_at__gte=since).values_list("worker", "queue"):
-        workers.setdefault(queue, []).append(worker)
+    workers: dict[str, list[LiveWorker]] = {}
+    for worker, queue, seen_at, stalled_since in WorkerHeartbeat.objects.filter(seen_at__gte=since).values_list(
+            "worker", "queue", "seen_at", "stalled_since"):
+        workers.setdefault(queue, []).append(LiveWorker(worker, seen_at, stalled_since))
     return workers
 
 
@@ -71,21 +82,39 @@ class QueueHealth:
     idle_s: float | None
     busy: bool  # a task of this queue is running on a live worker
     stalled: bool
+    # The worker that reports its pool stuck the longest, and for how long (None: none does).
+    stuck_worker: str | None = None
+    stuck_s: float | None = None
 
 
-def _health(queue: str, workers: list[str], now: dt.datetime, stall_after: float) -> QueueHealth:
+def _stuck_pool(workers: list[LiveWorker], now: dt.datetime, stall_after: float) -> tuple[str | None, float | None]:
+    """The live worker whose pool has been stuck the longest, if longer than `stall_after`.
+
+    A verdict counts while its worker beats (two heartbeats and a tick): a stuck pool that was
+    stopped or ended itself is not the one its supervisor started again."""
+    options = settings.FAIRSHARE
+    current = now - dt.timedelta(seconds=2 * options["WORKER_HEARTBEAT_S"] + options["RELEASE_POLL_S"])
+    reports = sorted((w.stalled_since, w.worker) for w in workers if w.stalled_since and w.seen_at >= current)
+    if reports and (now - reports[0][0]).total_seconds() > stall_after:
+        return reports[0][1], (now - reports[0][0]).total_seconds()
+    return None, None
+
+
+def _health(queue: str, workers: list[LiveWorker], now: dt.datetime, stall_after: float) -> QueueHealth:
     broker = get_broker(queue)
     oldest, waiting = _oldest_sent(queue, broker)
     idle_s, busy, stalled = None, False, False
+    stuck_worker, stuck_s = _stuck_pool(workers, now, stall_after)
     if waiting and (now - waiting).total_seconds() > stall_after:
         runs = TaskRun.objects.filter(queue=queue)
         last_start = runs.order_by("-started_at").values_list("started_at", flat=True).first()
         idle_s = (now - last_start).total_seconds() if last_start else None
-        busy = runs.filter(outcome=Outcome.RUNNING, worker__in=workers).exists()
+        busy = runs.filter(outcome=Outcome.RUNNING, worker__in=[w.worker for w in workers]).exists()
         stalled = not busy and (last_start is None or last_start < waiting)
     return QueueHealth(queue=queue, depth=broker.queue_size() or 0,
                        oldest_age_s=(now - oldest).total_seconds() if oldest else 0.0,
-                       workers=len(workers), idle_s=idle_s, busy=busy, stalled=stalled)
+                       workers=len(workers), idle_s=idle_s, busy=busy, stalled=stalled or stuck_worker is not None,
+                       stuck_worker=stuck_worker, stuck_s=stuck_s)
 
 
 def queue_health() -> list[QueueHealth]:
@@ -99,6 +128,10 @@ def queue_problem(health: QueueHealth) -> str | None:
     """What /healthz says about a queue's workers, or None when they are fine."""
     if not health.workers:
         return f"no worker heard from in {settings.FAIRSHARE['HEALTH_HEARTBEAT_MAX_AGE_S']} s"
+    if health.stuck_worker:
+        return (f"stalled: work has waited {health.stuck_s:.0f} s in the pool of worker {health.stuck_worker} and no "
+                f"idle worker of it takes it; restart the pool (it ends itself after "
+                f"{settings.FAIRSHARE['STALLED_POOL_EXIT_AFTER_S']:g} s unless that is 0)")
     if health.stalled:
         idle = "no task has ever started" if health.idle_s is None else f"no task started for {health.idle_s:.0f} s"
         return (f"stalled: messages wait, the oldest for {health.oldest_age_s:.0f} s, and {idle} "

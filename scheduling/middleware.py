@@ -14,7 +14,7 @@ from scheduling import envelope as contract
 from scheduling.models import DeferReason, Outcome
 from scheduling.registry import get_job
 from scheduling.retries import MustWait, is_transient
-from scheduling.runtime import close_old_connections, retry_on_disconnect
+from scheduling.db import close_old_connections, retry_on_disconnect
 
 logger = logging.getLogger("fairshare.tasks")
 
@@ -83,7 +83,7 @@ class RunRecordingMiddleware:
     def _finish(self, ctx, error: BaseException | None) -> None:
         error = error or ctx.error
         outcome = services.final_outcome(ctx.outcome, error)
-        if not ctx.recorded:  # else the run's settlement recorded all this
+        if ctx.run.outcome == Outcome.RUNNING:  # else a middleware recorded its end (budgets' settlement)
             close_old_connections()
             retry_on_disconnect(lambda: services.task_run_finish(
                 run=ctx.run, outcome=outcome, meter=ctx.meter, items=ctx.items, error=error))

@@ -1,3 +1,5 @@
+import datetime as dt
+
 from django.conf import settings
 from django.db import models
 
@@ -20,6 +22,9 @@ class Outcome(models.TextChoices):
     BUDGET_EXHAUSTED = "budget_exhausted", "Budget exhausted"
     # The worker died mid-run; found by the reclaim job once its lease expired.
     LOST = "lost", "Lost (worker died)"
+    # Its slot was reclaimed while its worker was frozen (a VM pause) and no slot was free when it
+    # woke: it stopped at its next budget tick, and its job waits in the holding area again.
+    SLOT_LOST = "slot_lost", "Stopped: its slot was reclaimed while its worker was frozen"
 
 
 class TaskRun(models.Model):
@@ -71,16 +76,26 @@ class DeferReason(models.TextChoices):
     NEEDS_NEWER_WORKER = "needs_newer_worker", "Needs a newer worker"
 
 
+# A job held for one of these waits for a time of its own (its `eligible_at`) before it joins its
+# account's line; for any other reason it joins the line at once and waits for its account.
+OWN_TIME_REASONS = frozenset({DeferReason.RETRY_BACKOFF, DeferReason.SCHEDULED, DeferReason.PAUSED})
+# A job held for one of these until a later time holds up its account's whole line until then.
+ACCOUNT_WAITS_REASONS = frozenset({DeferReason.BUDGET_EXHAUSTED})
+
+
 class DeferredTask(models.Model):
     """The holding area: a job that may not run now, why, and from when it may.
 
-    A held job is not in the broker. Releasing it deletes the row and rings the doorbell again.
-    A worker may instead claim it (hand-off or pull, scheduling.holding.claim_oldest_sql) to run it
-    itself without a broker round trip: the row stays, claimed, until that run is admitted; a
-    claim whose lease expired (the worker died) makes the job eligible again.
+    A held job is not in the broker. It waits either for a time of its own (a retry's back-off,
+    a `run_after`, a resume: `in_line_since` is NULL) or, in its account's line (`in_line_since`
+    set), for its account: a free slot, budget, the end of a pause. Releasing it deletes the row and
+    rings the doorbell again. A worker may instead claim it (hand-off or pull) to run it itself
+    without a broker round trip: the row stays, claimed, until that run starts; a claim whose lease
+    expired (the worker died) makes the job claimable again. Backlog counts these rows per account
+    and queue (kept by database triggers, scheduling/migrations/0012_backlog.py).
     """
 
-    # Null only for parked account-less work (a maintenance job's message of a newer version).
+    # Null only for account-less work: a parked maintenance message, scheduled system work.
     account = models.ForeignKey("budgets.Account", null=True, blank=True, on_delete=models.CASCADE,
                                 related_name="deferred_tasks")
     queue = models.CharField(max_length=40)
@@ -89,10 +104,13 @@ class DeferredTask(models.Model):
     reason = models.CharField(max_length=30, choices=DeferReason.choices)
     eligible_at = models.DateTimeField(help_text="Not released before this time")
     created_at = models.DateTimeField(auto_now_add=True)
+    in_line_since = models.DateTimeField(
+        null=True, blank=True,
+        help_text="Its place in its account's line; empty while it waits for its own time (back-off, run_after, resume)")
     deferrals = models.PositiveIntegerField(default=1, help_text="How often this job was held")
     priority = models.SmallIntegerField(default=0, help_text="-100 to 100: the account's higher-priority work goes first")
     claimed_by = models.CharField(max_length=100, blank=True, help_text="host:pid of the worker about to run it")
-    claim_expires_at = models.DateTimeField(null=True, blank=True, help_text="Eligible again after this")
+    claim_expires_at = models.DateTimeField(null=True, blank=True, help_text="Claimable again after this")
     envelope_version = models.PositiveSmallIntegerField(
         default=1, help_text="Released only by a worker that speaks this envelope version")
     message = models.JSONField(
@@ -105,14 +123,74 @@ class DeferredTask(models.Model):
             # Duplicate deliveries of one envelope are held once.
             models.UniqueConstraint(fields=["job", "ref"], name="deferredtask_unique_job_ref")
         ]
-        # An account's held work in the order it goes (claims and releases take its highest
-        # priority first, then the oldest: read in index order, they stop at the first eligible
-        # row instead of sorting the backlog).
-        indexes = [models.Index(fields=["account", "queue", "-priority", "created_at", "id"],
-                                name="deferred_claim_order")]
+        indexes = [
+            # An account's line in the order it goes (highest priority, then longest in line): a
+            # claim or release reads it in index order and stops at the first unclaimed row.
+            models.Index(fields=["account", "queue", "-priority", "in_line_since", "id"], name="deferred_line",
+                         condition=models.Q(in_line_since__isnull=False)),
+            # What waits for a time of its own, by that time: the pulse lines up what is due.
+            models.Index(fields=["eligible_at"], name="deferred_own_time",
+                         condition=models.Q(in_line_since__isnull=True, message__isnull=True)),
+            # Messages parked for a newer worker, by version: released by one that speaks it.
+            models.Index(fields=["envelope_version"], name="deferred_parked", condition=models.Q(message__isnull=False)),
+            # Jobs waiting for budget the account's running jobs reserved (a handful at most): once
+            # none is left, they wait for the next budget day like their account's line.
+            models.Index(fields=["account", "queue"], name="deferred_budget_reserved",
+                         condition=models.Q(reason="budget_reserved")),
+        ]
 
     def __str__(self) -> str:
         return f"{self.job} {self.ref} ({self.reason})"
+
+
+# Backlog.blocked_until of an account whose line is not held up.
+NOT_BLOCKED = dt.datetime(1970, 1, 1, tzinfo=dt.UTC)
+
+
+class Backlog(models.Model):
+    """The holding area counted, per account and queue: how many jobs it holds (`held`, and by
+    reason: one column per DeferReason), how many of them are in the account's line (`in_line`:
+    they go as soon as the account may run), and until when the whole line waits
+    (`blocked_until`: the account's budget is spent until the next budget day). What a worker asks
+    per task and per tick about held work ("is anything of this account's in line", "which
+    accounts could run now"), and what the views show of it, read this table: their cost follows
+    the number of accounts, never the number of held jobs.
+
+    The counts are kept by database triggers on DeferredTask, in the statement that changes it
+    (migration 0012_backlog: per statement for inserts and deletes, per changed row for a change
+    of account, queue, place in line or reason); `blocked_until` by scheduling.holding (`block`,
+    `unblock`). A new DeferReason needs a column here and the triggers rewritten (a test checks
+    that every reason has its column).
+    """
+
+    account = models.ForeignKey("budgets.Account", on_delete=models.CASCADE, related_name="+")
+    queue = models.CharField(max_length=40)
+    held = models.PositiveIntegerField(default=0)
+    in_line = models.PositiveIntegerField(default=0)
+    blocked_until = models.DateTimeField(default=NOT_BLOCKED)
+    budget_exhausted = models.PositiveIntegerField(default=0)
+    concurrency_cap = models.PositiveIntegerField(default=0)
+    budget_reserved = models.PositiveIntegerField(default=0)
+    retry_backoff = models.PositiveIntegerField(default=0)
+    scheduled = models.PositiveIntegerField(default=0)
+    queued_behind = models.PositiveIntegerField(default=0)
+    paused = models.PositiveIntegerField(default=0)
+    message_lost = models.PositiveIntegerField(default=0)
+    needs_newer_worker = models.PositiveIntegerField(default=0)
+
+    class Meta:
+        constraints = [models.UniqueConstraint(fields=["account", "queue"], name="backlog_unique_account_queue")]
+        # Accounts with work in line on a queue, by when they may run: "which could run now" reads
+        # the ones whose time has come and no other.
+        indexes = [models.Index(fields=["queue", "blocked_until"], name="backlog_ready",
+                                condition=models.Q(in_line__gt=0))]
+
+    def __str__(self) -> str:
+        return f"{self.account_id} / {self.queue}: {self.in_line} in line of {self.held} held"
+
+    def by_reason(self) -> dict[str, int]:
+        """The held jobs by reason, those it holds any of."""
+        return {reason: getattr(self, reason) for reason in DeferReason.values if getattr(self, reason)}
 
 
 class TaskRunDaily(models.Model):
@@ -150,6 +228,9 @@ class WorkerHeartbeat(models.Model):
     worker = models.CharField(max_length=100, unique=True, help_text="host:pid")
     queue = models.CharField(max_length=40)
     seen_at = models.DateTimeField()
+    stalled_since = models.DateTimeField(
+        null=True, blank=True,
+        help_text="Since when this idle worker has seen work wait in its pool that no worker takes (scheduling.stuck)")
 
     def __str__(self) -> str:
         return f"{self.worker} ({self.queue})"

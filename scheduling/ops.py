@@ -3,14 +3,15 @@ queues and their workers (scheduling.liveness), the holding area, task runs and 
 """
 from django.conf import settings
 from django.db import connection
-from django.db.models import Count, Min, Sum
-from django.utils import timezone
+from django.db.models import Count, Min, OuterRef, Subquery, Sum
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
 from budgets.models import Queue
-from scheduling import monitoring
+from scheduling import clock, monitoring
 from scheduling.liveness import queue_health, queue_problem
-from scheduling.models import DeferredTask, Outcome, TaskRun, TaskRunDaily
+from scheduling.holding import LINE_ORDER
+from scheduling.models import Backlog, DeferredTask, Outcome, TaskRun, TaskRunDaily
+from scheduling.selectors import held_counts
 
 # Counter family suffix -> (the TaskRun / TaskRunDaily field it sums, help text).
 TASK_SECONDS = {
@@ -32,8 +33,9 @@ def queue_metrics():
         f"Workers heard from in the last {settings.FAIRSHARE['HEALTH_HEARTBEAT_MAX_AGE_S']} s", labels=["queue"])
     stalled = GaugeMetricFamily(
         "fairshare_queue_stalled",
-        f"1 when a message waited over {settings.FAIRSHARE['QUEUE_STALL_AFTER_S']} s, no task started for as "
-        "long and none is running: the pool is stuck whatever its heartbeats say", labels=["queue"])
+        f"1 when work waited over {settings.FAIRSHARE['QUEUE_STALL_AFTER_S']} s in a pool that no idle worker of "
+        "it takes, or a message waited as long in the broker with no task started and none running: a pool is "
+        "stuck whatever its heartbeats say", labels=["queue"])
     for health in queue_health():
         depth.add_metric([health.queue], health.depth)
         age.add_metric([health.queue], health.oldest_age_s)
@@ -47,13 +49,18 @@ def queue_metrics():
 
 @monitoring.metrics
 def held_metrics():
+    # From the holding area's counts and the heads of the accounts' lines: what a scrape reads
+    # follows the number of accounts, never the number of held jobs.
     held = GaugeMetricFamily("fairshare_held_tasks", "Jobs in the holding area", labels=["queue", "reason"])
-    for row in DeferredTask.objects.values("queue", "reason").annotate(n=Count("pk")).order_by():
-        held.add_metric([row["queue"], row["reason"]], row["n"])
-    oldest_held = DeferredTask.objects.aggregate(t=Min("created_at"))["t"]
+    for (queue, reason), n in sorted(held_counts(backlogs=Backlog.objects.all(), account_less=True).items()):
+        held.add_metric([queue, reason], n)
+    head = (DeferredTask.objects.filter(account_id=OuterRef("account_id"), queue=OuterRef("queue"),
+                                        in_line_since__isnull=False).order_by(*LINE_ORDER).values("in_line_since")[:1])
+    oldest = Backlog.objects.filter(in_line__gt=0).annotate(head=Subquery(head)).aggregate(t=Min("head"))["t"]
     yield held
-    yield GaugeMetricFamily("fairshare_held_oldest_age_seconds", "Age of the oldest held job",
-                            value=(timezone.now() - oldest_held).total_seconds() if oldest_held else 0)
+    yield GaugeMetricFamily("fairshare_held_oldest_age_seconds",
+                            "How long the first job of the account line that has waited longest has been in line",
+                            value=(clock.now() - oldest).total_seconds() if oldest else 0)
 
 
 @monitoring.metrics

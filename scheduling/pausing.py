@@ -9,10 +9,11 @@ released by an operator). Only account work pauses: system jobs (maintenance) al
 import datetime as dt
 
 from django.db import IntegrityError, transaction
-from django.db.models import Q
+from django.db.models import Exists, OuterRef, Q
 
-from scheduling import db, holding
+from scheduling import db, holding, sql
 from scheduling.envelope import Envelope
+from scheduling.gates import EnqueueGate
 from scheduling.models import DeferReason, DeferredTask, Outcome, Pause
 from scheduling.operator import ItemResult, log_action, refusal
 
@@ -24,22 +25,26 @@ def _covering(*, account_id: int, queue: str):
     return Pause.objects.filter(Q(account_id=account_id, queue__in=["", queue]) | Q(account__isnull=True, queue=queue))
 
 
-# The same condition as `_covering`, as SQL for hand-written statements (`_covered`, and the state
-# read at a run's start, budgets.standing): `account` and `queue` are filled in.
-COVERED_SQL = (f"EXISTS (SELECT 1 FROM {Pause._meta.db_table} p WHERE (p.account_id = {{account}} AND "
-               "p.queue IN ('', {queue})) OR (p.account_id IS NULL AND p.queue = {queue}))")
+def covering_backlog() -> Exists:
+    """`_covering`'s condition for each row of a Backlog queryset (its account and queue)."""
+    return Exists(Pause.objects.filter(
+        Q(account_id=OuterRef("account_id"), queue="") | Q(account_id=OuterRef("account_id"), queue=OuterRef("queue"))
+        | Q(account__isnull=True, queue=OuterRef("queue"))))
 
 
-def _covered(*, account_id: int, queue: str) -> bool:
-    # Hand-written: it runs for every job enqueued, and the ORM cost more than the query.
+def covered(*, account_id: int, queue: str) -> bool:
+    """Whether a pause covers the account's work on the queue."""
+    # Hand-written (`_covering`'s condition, as scheduling.sql.paused writes it): it runs for every
+    # job enqueued, and the ORM cost more than the query.
     with db.cursor() as cursor:
-        cursor.execute("SELECT " + COVERED_SQL.format(account="%s", queue="%s"), [account_id, queue, queue])
+        cursor.execute("SELECT " + sql.paused(account="%(account_id)s", queue="%(queue)s"),
+                       {"account_id": account_id, "queue": queue})
         return bool(cursor.fetchone()[0])
 
 
 def hold_if_paused(*, envelope: Envelope, queue: str) -> bool:
     """Hold the job with reason "paused" when a pause covers it; True when it did."""
-    if not _covered(account_id=envelope.account, queue=queue):
+    if not covered(account_id=envelope.account, queue=queue):
         # The common case, in one query and no transaction. A pause committed just after this
         # check is caught when the job starts (PauseMiddleware).
         return False
@@ -54,33 +59,31 @@ def hold_if_paused(*, envelope: Envelope, queue: str) -> bool:
         return True
 
 
-class PauseGate:
-    """The enqueue gate (scheduling.runtime.EnqueueGate): paused work goes to the holding area."""
+class PauseGate(EnqueueGate):
+    """The enqueue gate: paused work goes to the holding area."""
 
     def admit(self, *, envelope: Envelope, queue: str) -> bool:
         return not hold_if_paused(envelope=envelope, queue=queue)
 
     def admit_many(self, *, envelopes: list[Envelope], queue: str) -> list[bool]:
         """A batch (`enqueue_many`): one query per account; only a paused account's jobs each."""
-        paused = {account for account in {e.account for e in envelopes} if _covered(account_id=account, queue=queue)}
+        paused = {account for account in {e.account for e in envelopes} if covered(account_id=account, queue=queue)}
         return [e.account not in paused or not hold_if_paused(envelope=e, queue=queue) for e in envelopes]
 
-    def undo(self, *, envelope: Envelope, queue: str) -> None:
-        pass  # admitting took nothing
-
-    def release_due(self) -> int:
-        return 0  # paused work is released by `resume`, never by time
+    # `undo` takes back nothing (admitting took nothing), `release_due` releases nothing (paused
+    # work is released by `resume`, never by time): the base class's.
 
 
 class PauseMiddleware:
-    """At the start of a run: paused work goes back to the holding area without running."""
+    """At the start of a run: paused work goes back to the holding area without running. For a
+    chain without budgets' admission: budgets.middleware.BudgetMiddleware holds paused work itself
+    (its admission reads whether a pause covers the job), so the default chain does not list this."""
 
     def __init__(self, call_next):
         self.call_next = call_next
 
     def __call__(self, ctx) -> None:
-        if ctx.job.account_scoped and ctx.paused is not False and hold_if_paused(
-                envelope=ctx.envelope, queue=ctx.job.queue):
+        if ctx.job.account_scoped and hold_if_paused(envelope=ctx.envelope, queue=ctx.job.queue):
             ctx.outcome = Outcome.DEFERRED
             return
         self.call_next(ctx)

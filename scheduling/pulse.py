@@ -1,10 +1,14 @@
 """The pulse: a small thread in every worker process that releases due held work about once a
-second and writes the worker's heartbeat (WorkerHeartbeat) every few seconds.
+second, writes the worker's heartbeat (WorkerHeartbeat) every few seconds, and watches whether the
+worker's pool still takes its work (scheduling.stuck): it says so with the heartbeat, pings
+systemd's watchdog while the pool works (scheduling.watchdog), and ends a pool stuck for
+FAIRSHARE["STALLED_POOL_EXIT_AFTER_S"] so that its supervisor starts it again.
 
 django-q2's scheduler ticks every ~30 s; a 2-second retry back-off or a freshly started budget
 day should not wait for it. Releasing is idempotent and row-locked (SKIP LOCKED), so several
 workers pulsing at once release each held job once.
 """
+import datetime as dt
 import logging
 import threading
 import time
@@ -13,34 +17,69 @@ from django.conf import settings
 from django.db import connections
 from django.utils import timezone
 
+from scheduling import stuck, watchdog
+
 logger = logging.getLogger("fairshare.pulse")
 _started = threading.Event()
 
 
-def write_heartbeat(queue: str) -> None:
+def write_heartbeat(queue: str, *, stalled_since: dt.datetime | None = None) -> None:
     from scheduling.models import WorkerHeartbeat
     from scheduling.services import worker_id
 
-    WorkerHeartbeat.objects.update_or_create(worker=worker_id(), defaults={"queue": queue, "seen_at": timezone.now()})
+    WorkerHeartbeat.objects.update_or_create(
+        worker=worker_id(), defaults={"queue": queue, "seen_at": timezone.now(), "stalled_since": stalled_since})
 
 
-def _loop(interval: float, queue: str) -> None:
+def _watch_the_pool(watch: stuck.StuckWatch | None, queue: str) -> dt.datetime | None:
+    """One look at the pool: ping the watchdog while it works, end it once stuck for too long.
+    Returns since when it has been stuck (None: it works). No database query."""
+    stuck_s = watch.look() if watch else None
+    if stuck_s is None or stuck_s < settings.FAIRSHARE["QUEUE_STALL_AFTER_S"]:
+        watchdog.notify()
+    if stuck_s is None:
+        return None
+    exit_after = settings.FAIRSHARE["STALLED_POOL_EXIT_AFTER_S"]
+    if exit_after and stuck_s >= exit_after:
+        stuck.exit_pool(queue=queue, stuck_s=stuck_s)
+    return timezone.now() - dt.timedelta(seconds=stuck_s)
+
+
+def _loop(interval: float, queue: str, watch: stuck.StuckWatch | None) -> None:
     from scheduling.holding import release_due
-    from scheduling.runtime import close_old_connections
+    from scheduling.db import close_old_connections
 
     every = settings.FAIRSHARE["WORKER_HEARTBEAT_S"]
     last_heartbeat = 0.0
     while True:
+        stalled_since = _watch_the_pool(watch, queue)
         try:
             close_old_connections()
             if time.monotonic() - last_heartbeat >= every:
-                write_heartbeat(queue)
+                write_heartbeat(queue, stalled_since=stalled_since)
                 last_heartbeat = time.monotonic()
             release_due()
         except Exception as exc:  # the database may be away for a moment; try again next tick
             logger.warning("worker pulse failed", extra={"error_class": type(exc).__name__})
             connections.close_all()
         time.sleep(interval)
+
+
+def _watch() -> stuck.StuckWatch | None:
+    """This worker's StuckWatch, fed by django-q2's task signals; None when its internal queue
+    cannot be read (then the pool is judged from outside only: scheduling.liveness)."""
+    from django_q.signals import post_execute_in_worker, pre_execute
+
+    queue = stuck.internal_queue()
+    try:
+        stuck.waiting_tasks(queue)
+    except Exception:
+        logger.warning("stuck-pool watch off in this worker: django-q2's internal queue cannot be read")
+        return None
+    watch = stuck.StuckWatch(queue)
+    pre_execute.connect(watch.task_started, dispatch_uid="fairshare.stuck.started")
+    post_execute_in_worker.connect(watch.task_ended, dispatch_uid="fairshare.stuck.ended")
+    return watch
 
 
 def start_pulse(**kwargs) -> None:
@@ -51,4 +90,5 @@ def start_pulse(**kwargs) -> None:
     if interval <= 0 or _started.is_set():
         return
     _started.set()
-    threading.Thread(target=_loop, args=(interval, Conf.CLUSTER_NAME), name="fairshare-pulse", daemon=True).start()
+    threading.Thread(target=_loop, args=(interval, Conf.CLUSTER_NAME, _watch()), name="fairshare-pulse",
+                     daemon=True).start()

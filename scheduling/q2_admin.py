@@ -2,7 +2,7 @@
 
 django-q2's pages showed every account's tasks to any staff member, printed stored tracebacks as
 they were, and offered "resubmit", which re-sends a raw task past our envelope, gates and budgets.
-Here: a task row belongs to the account named by its group (`scheduling.runtime.send` sets
+Here: a task row belongs to the account named by its group (`scheduling.broker.send` sets
 "account-<id>"), results are shown redacted, nothing can be added, changed or resubmitted (work is
 run again through our services: retry, release), and the queue and the cron schedules - the
 platform's, not a tenant's - are for superusers only.
@@ -18,7 +18,7 @@ from scheduling.actions import run_schedule_now
 from scheduling.models import TaskRun
 from scheduling.operator import message_results
 from scheduling.redaction import LOG_MAX_LENGTH, redact
-from scheduling.runtime import ACCOUNT_GROUP
+from scheduling.broker import ACCOUNT_GROUP
 from scheduling.schedules import PREFIX
 
 for model in (Success, Failure, Schedule, OrmQ):

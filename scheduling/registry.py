@@ -11,7 +11,7 @@ from scheduling.envelope import ContractError
 from scheduling.retries import RetryPolicy
 
 if TYPE_CHECKING:
-    from scheduling.runtime import TaskContext
+    from scheduling.context import TaskContext
 
 Handler = Callable[["TaskContext"], None]
 

@@ -14,7 +14,7 @@ from django_q.models import Schedule
 
 from scheduling.envelope import Envelope
 from scheduling.registry import get_job
-from scheduling.runtime import RUNNER
+from scheduling.broker import RUNNER
 
 PREFIX = "fairshare:"
 

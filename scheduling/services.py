@@ -3,6 +3,8 @@ import datetime as dt
 import functools
 import os
 import socket
+from dataclasses import dataclass
+from typing import Any
 
 from django.conf import settings
 from django.db import DEFAULT_DB_ALIAS, connection, connections, transaction
@@ -98,9 +100,10 @@ def task_run_mark_started(*, run: TaskRun) -> int:
 
 
 # A run's start and end as SQL, for a caller that sends them with its own writes in one statement
-# (the budget ledger's admission and settlement, budgets.ledger: a round trip less for each).
+# (budgets' PostgreSQL ledger: its admission and settlement, a round trip less for each). Named
+# parameters: `run_<column>` for the insert, `end_<column>` for the end, so both fit one statement.
 
-def task_run_insert_sql(run: TaskRun, *, source: str = "", taken: dict[str, str] | None = None) -> tuple[str, list]:
+def task_run_insert_sql(run: TaskRun, *, source: str = "", taken: dict[str, str] | None = None) -> tuple[str, dict]:
     """`task_run_mark_started` for a run not saved yet: an INSERT returning its id (the caller sets
     `run.pk` from it). With `source`, an `INSERT … SELECT … FROM source` whose fields named in
     `taken` are SQL expressions over it (e.g. the job and ref a claim returned)."""
@@ -108,7 +111,7 @@ def task_run_insert_sql(run: TaskRun, *, source: str = "", taken: dict[str, str]
     taken = taken or {}
     sql, fields = _task_run_insert(source, tuple(taken.items()))
     db = connections[DEFAULT_DB_ALIAS]  # not the proxy: each field's preparation asks it again
-    return sql, [f.get_db_prep_save(f.pre_save(run, True), db) for f in fields]
+    return sql, {f"run_{f.column}": f.get_db_prep_save(f.pre_save(run, True), db) for f in fields}
 
 
 @functools.cache
@@ -117,31 +120,57 @@ def _task_run_insert(source: str, taken: tuple[tuple[str, str], ...]) -> tuple[s
     start of every account's task."""
     taken_sql = dict(taken)
     fields = [f for f in TaskRun._meta.concrete_fields if not f.primary_key]
-    values = [taken_sql.get(f.name, "%s") for f in fields]
+    values = [taken_sql.get(f.name, f"%(run_{f.column})s") for f in fields]
     columns = ", ".join(connection.ops.quote_name(f.column) for f in fields)
     rows = f"SELECT {', '.join(values)} FROM {source}" if source else f"VALUES ({', '.join(values)})"
     sql = f"INSERT INTO {TaskRun._meta.db_table} ({columns}) {rows} RETURNING {TaskRun._meta.pk.column}"
     return sql, tuple(f for f in fields if f.name not in taken_sql)
 
 
-def task_run_finished_sql(*, run_id_sql: str, meter: Meter, outcome: str | None = None, items: int = 0,
-                          error: BaseException | None = None) -> tuple[str, list]:
-    """The run is over as far as its slot goes: an UPDATE of the run whose id `run_id_sql` gives
-    (SQL: a placeholder, or a sub-select of the caller's statement) recording its end time and
-    metered figures with the settlement that charges them, so what the ledger was charged is what
-    the run records even if the worker dies straight after. With `outcome` (the chain knows how
-    it ended) the record is complete; else `task_run_finish` (which keeps this time) adds it."""
-    values = {"finished_at": connection.ops.adapt_datetimefield_value(timezone.now()), **_figures(meter)}
-    if outcome is not None:
-        error_class, error_message = describe_error(error) if error is not None else ("", "")
-        values.update(outcome=outcome, items=items, error_class=error_class, error_message=error_message)
-    return _task_run_finished(tuple(values), run_id_sql), list(values.values())
+@dataclass(frozen=True)
+class RunEnd:
+    """How a run ended, as far as the middleware that frees its slot records it in its own write
+    (budgets' settlement): its metered figures and, when the chain knows it, its outcome. Recorded
+    with the settlement that charges them, so what the ledger was charged is what the run records
+    even if the worker dies straight after; without an outcome, `task_run_finish` (which keeps
+    this end time) adds it."""
+
+    meter: Meter
+    outcome: str | None = None
+    items: int = 0
+    error: BaseException | None = None
+
+    def values(self) -> dict[str, Any]:
+        values = {"finished_at": timezone.now(), **_figures(self.meter)}
+        if self.outcome is not None:
+            error_class, error_message = describe_error(self.error) if self.error is not None else ("", "")
+            values.update(outcome=self.outcome, items=self.items, error_class=error_class, error_message=error_message)
+        return values
+
+
+def task_run_end(*, run_id: int, end: RunEnd) -> None:
+    """Record how the run ended (`RunEnd`), in the caller's transaction."""
+    TaskRun.objects.filter(pk=run_id).update(**end.values())
+
+
+def task_run_end_sql(*, run_id_sql: str, end: RunEnd) -> tuple[str, dict]:
+    """`task_run_end` as SQL: an UPDATE of the run whose id `run_id_sql` gives (a parameter, or a
+    sub-select of the caller's statement). Parameters: `end_<column>`."""
+    values = end.values()
+    return _task_run_end(tuple(values), run_id_sql), {f"end_{column}": value for column, value in values.items()}
 
 
 @functools.cache
-def _task_run_finished(columns: tuple[str, ...], run_id_sql: str) -> str:
-    assignments = ", ".join(f"{connection.ops.quote_name(column)} = %s" for column in columns)
+def _task_run_end(columns: tuple[str, ...], run_id_sql: str) -> str:
+    assignments = ", ".join(f"{connection.ops.quote_name(column)} = %(end_{column})s" for column in columns)
     return f"UPDATE {TaskRun._meta.db_table} SET {assignments} WHERE {TaskRun._meta.pk.column} = {run_id_sql}"
+
+
+def task_run_recorded(run: TaskRun, *, outcome: str | None) -> None:
+    """The caller's write recorded the run's end (`task_run_end`, `task_run_end_sql`) and committed:
+    with an outcome the record is complete, and the run recording writes nothing more."""
+    if outcome is not None:
+        run.outcome = outcome
 
 
 def task_run_mark_lost(*, run_id: int, cpu_ms: int, reason: str) -> bool:
@@ -149,6 +178,12 @@ def task_run_mark_lost(*, run_id: int, cpu_ms: int, reason: str) -> bool:
     return TaskRun.objects.filter(pk=run_id, outcome=Outcome.RUNNING).update(
         outcome=Outcome.LOST, cpu_ms=cpu_ms, finished_at=Now(), error_class="WorkerLost", error_message=reason,
     ) == 1
+
+
+def task_run_mark_running_again(*, run_id: int) -> bool:
+    """A run marked lost whose worker was only frozen woke up and goes on (it took a slot again)."""
+    return TaskRun.objects.filter(pk=run_id, outcome=Outcome.LOST).update(
+        outcome=Outcome.RUNNING, finished_at=None, error_class="", error_message="") == 1
 
 
 def task_run_mark_not_started(*, run_id: int, reason: str) -> bool:

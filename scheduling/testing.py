@@ -11,7 +11,7 @@ Who reads each seam:
   FAIRSHARE_TEST_SPEAKS_ENVELOPE_VERSION -> FAIRSHARE["SPEAKS_ENVELOPE_VERSION"], read by
                                    scheduling/envelope.py known_version() (a "newer worker")
   FAIRSHARE_FAULT (+ _MARKER, _RESUME) -> scheduling/faults.py `fault_point` (its points are listed there)
-  FAIRSHARE_TEST_GATE           -> tests/jobs.py `hold_exports_worker`
+  FAIRSHARE_TEST_GATE           -> tests/jobs.py `hold_exports_worker`, `hold_row_lock`
   FAIRSHARE_TEST_PUBLISH_GATE   -> tests/storages.py `GatedStorage`
   FLAKY_STORAGE_FAILURES_FILE   -> tests/storages.py `FlakyStorage`
   FAIRSHARE_TEST_SIGNAL_LOG     -> tests/tasks/functions.py (the Tasks framework's signals in a worker)
@@ -46,7 +46,7 @@ FAULT_RESUME = Setting(None, "FAIRSHARE_FAULT_RESUME", None, sets="`scheduling.f
                        doc="a file path: the fault point pauses the process until this file exists (at most 60 s) "
                            "instead of killing it")
 TEST_GATE = Setting(None, "FAIRSHARE_TEST_GATE", None, sets="`tests.jobs`",
-                    doc="a file path: `tests.hold_exports_worker` runs until this file exists")
+                    doc="a file path: `tests.hold_exports_worker` and `tests.hold_row_lock` run until this file exists")
 TEST_PUBLISH_GATE = Setting(None, "FAIRSHARE_TEST_PUBLISH_GATE", None, sets="`tests.storages`",
                             doc="a file path: `GatedStorage` saves wait until this file exists")
 FLAKY_STORAGE_FAILURES = Setting(None, "FLAKY_STORAGE_FAILURES_FILE", None, sets="`tests.storages`",

@@ -4,7 +4,7 @@
 #   source scripts/lib.sh
 #   ensure_venv requirements-dev.txt   # .venv with those packages, on PATH
 #   find_postgres                      # exports DATABASE_URL (or exits 2)
-#   ensure_redis                       # exports FAIRSHARE_TEST_REDIS_URL if it can
+#   ensure_redis                       # installs/starts Redis, exports FAIRSHARE_TEST_REDIS_URL if it can
 #   ensure_s3                          # starts moto's S3 server, exports FAIRSHARE_TEST_S3_ENDPOINT_URL
 #
 # The sourcing script is expected to run under `set -euo pipefail`; every
@@ -150,8 +150,11 @@ find_postgres() {
 
 # ---------------------------------------------------------------------------
 # ensure_redis
-#   Optional: makes a local Redis available for the tests that want one and
-#   exports FAIRSHARE_TEST_REDIS_URL (db 15). Never fails the caller.
+#   Makes a local Redis available for the tests that want one and exports
+#   FAIRSHARE_TEST_REDIS_URL (db 15): starts redis-server when nothing answers on
+#   6379, installing Debian's redis-server with apt-get first when it is missing
+#   and we are root (CI is). Never fails the caller: without Redis its tests skip,
+#   and under CI=true they fail, naming it (tests/services.py).
 # ---------------------------------------------------------------------------
 _redis_ping() {
   if command -v redis-cli >/dev/null 2>&1; then
@@ -161,10 +164,33 @@ _redis_ping() {
   fi
 }
 
+# apt_install PACKAGE WHAT - installs a Debian package when we are root and have apt-get; says why not.
+apt_install() {
+  local package="$1" what="$2" out
+  if [[ "$(id -u)" -ne 0 ]] || ! command -v apt-get >/dev/null 2>&1; then
+    log "no $package, and installing it needs root and apt-get: $what"
+    return 1
+  fi
+  log "installing Debian's $package (apt-get)"
+  out="$(mktemp)"
+  if { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq -o DPkg::Lock::Timeout=300 "$package"; } >"$out" 2>&1; then
+    log "$package installed"
+    rm -f "$out"
+    return 0
+  fi
+  tail -n 20 "$out" >&2
+  rm -f "$out"
+  log "could not install $package (see above): $what"
+  return 1
+}
+
 ensure_redis() {
   if [[ -n "${FAIRSHARE_TEST_REDIS_URL:-}" ]]; then
     log "using FAIRSHARE_TEST_REDIS_URL=$(redact_url "$FAIRSHARE_TEST_REDIS_URL") from the environment"
     return 0
+  fi
+  if ! command -v redis-server >/dev/null 2>&1; then
+    apt_install redis-server "the Redis tests will skip (and fail under CI=true)" || true
   fi
   if ! _redis_ping; then
     if command -v redis-server >/dev/null 2>&1; then
@@ -182,7 +208,7 @@ ensure_redis() {
     export FAIRSHARE_TEST_REDIS_URL="redis://127.0.0.1:6379/15"
     log "using FAIRSHARE_TEST_REDIS_URL=$FAIRSHARE_TEST_REDIS_URL"
   else
-    log "Redis not available; tests that need it will be skipped"
+    log "Redis not available; tests that need it will skip (and fail under CI=true)"
   fi
   return 0
 }
@@ -195,20 +221,7 @@ ensure_redis() {
 # ---------------------------------------------------------------------------
 ensure_chromium() {
   [[ -x /usr/bin/chromium ]] && return 0
-  if [[ "$(id -u)" -ne 0 ]] || ! command -v apt-get >/dev/null 2>&1; then
-    log "no /usr/bin/chromium, and installing it needs root and apt-get: the browser test will skip"
-    return 0
-  fi
-  log "installing Debian's chromium for the browser test (apt-get)"
-  local out
-  out="$(mktemp)"
-  if { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq -o DPkg::Lock::Timeout=300 chromium; } >"$out" 2>&1; then
-    log "chromium installed"
-  else
-    tail -n 20 "$out" >&2
-    log "could not install chromium (see above): the browser test will skip"
-  fi
-  rm -f "$out"
+  apt_install chromium "the browser test will skip (and fail under CI=true)" || true
 }
 
 # ---------------------------------------------------------------------------
@@ -224,7 +237,7 @@ ensure_s3() {
     return 0
   fi
   if ! command -v moto_server >/dev/null 2>&1; then
-    log "moto_server not installed; tests that need S3 will be skipped"
+    log "moto_server not installed; tests that need S3 will skip (and fail under CI=true)"
     return 0
   fi
   local port
@@ -242,7 +255,7 @@ ensure_s3() {
     export FAIRSHARE_TEST_S3_ENDPOINT_URL="http://127.0.0.1:$port"
     log "using FAIRSHARE_TEST_S3_ENDPOINT_URL=$FAIRSHARE_TEST_S3_ENDPOINT_URL (moto_server, pid $FAIRSHARE_MOTO_PID)"
   else
-    log "moto_server did not start; tests that need S3 will be skipped"
+    log "moto_server did not start; tests that need S3 will skip (and fail under CI=true)"
   fi
   return 0
 }

@@ -20,7 +20,6 @@ from tasks.compat import BaseTaskBackend, InvalidTask, TaskResult, TaskResultDoe
 from tasks.models import TaskCall
 
 DEFAULT_ACCOUNT_KWARG = "account"
-OPTIONS = frozenset({"ACCOUNT_KWARG", "SYSTEM_TASKS"})
 
 
 class FairshareBackend(BaseTaskBackend):

@@ -10,6 +10,7 @@ from scheduling.conf import clusters
 from scheduling.registry import UnknownJob, get_job
 from tasks import routing
 from tasks.compat import Task
+from tasks.conf import BACKEND_OPTIONS
 
 LIMITS = ("TASKS_MAX_ARGS_BYTES", "TASKS_MAX_RESULT_BYTES", "TASKS_RESULT_RETENTION_DAYS", "TASKS_STALE_AFTER_S")
 
@@ -51,13 +52,11 @@ def _queues(backend, where: str) -> list[checks.CheckMessage]:
 
 
 def _options(backend, where: str) -> list[checks.CheckMessage]:
-    from tasks.backend import OPTIONS
-
     problems = []
-    if unknown := sorted(set(backend.options) - OPTIONS):
+    if unknown := sorted(set(backend.options) - BACKEND_OPTIONS):
         # A misspelt option would silently do nothing.
         problems.append(checks.Error(f'{where}["OPTIONS"] has unknown keys {unknown}.', id="tasks.E005",
-                                     hint=f"Known: {', '.join(sorted(OPTIONS))}."))
+                                     hint=f"Known: {', '.join(sorted(BACKEND_OPTIONS))}."))
     name = backend.account_kwarg
     if not isinstance(name, str) or not name.isidentifier():
         problems.append(checks.Error(f'{where}["OPTIONS"]["ACCOUNT_KWARG"] must be a keyword name, got {name!r}.',

@@ -8,6 +8,10 @@ from importlib.util import find_spec
 
 from scheduling.conf import Setting
 
+# The keys a Fairshare TASKS backend's OPTIONS may have (tasks/backend.py; a misspelt one is an
+# error, tasks.E005, since it would do nothing).
+BACKEND_OPTIONS = frozenset({"ACCOUNT_KWARG", "SYSTEM_TASKS"})
+
 SETTINGS = (
     Setting("TASKS_MAX_ARGS_BYTES", "FAIRSHARE_TASKS_MAX_ARGS_BYTES", 64 * 1024, parse=int, unit="bytes",
             doc="largest a Django task call's arguments may be, as JSON; a bigger call is refused at "

@@ -1,7 +1,6 @@
 """Reads of the tasks app. (The admin scopes calls per account itself: budgets.tenancy.)"""
 from scheduling.models import DeferredTask
 from tasks import routing
-from tasks.models import TaskCall
 
 
 def holds_of(calls) -> dict[str, DeferredTask]:

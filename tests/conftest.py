@@ -19,6 +19,7 @@ from scheduling.processes import Cluster
 from scheduling.testing import FAULT, FAULT_MARKER, FAULT_RESUME
 from tests import stores
 from tests.factories import AccountFactory, MembershipFactory, UserFactory
+from tests.services import needs_service
 from tests.stores import LocalStore
 
 REPO = Path(__file__).resolve().parent.parent
@@ -32,6 +33,15 @@ def pytest_configure(config):
             f"(got {engine}); scripts/test finds or starts a local server for you.",
             returncode=2,
         )
+    # The tests speak plain HTTP on loopback (Django's test client, the live server of the browser
+    # test), so the HTTPS settings that are on by default without DEBUG are off here, said once:
+    # with SECURE_SSL_REDIRECT every request would get a 301 to https://, and with secure cookies
+    # a logged-in session would never come back over http. tests/test_settings.py checks the
+    # production defaults in a process of their own.
+    settings.SECURE_SSL_REDIRECT = False
+    settings.SECURE_HSTS_SECONDS = 0
+    settings.SECURE_HSTS_INCLUDE_SUBDOMAINS = settings.SECURE_HSTS_PRELOAD = False
+    settings.SESSION_COOKIE_SECURE = settings.CSRF_COOKIE_SECURE = False
 
 
 @pytest.fixture(autouse=True)
@@ -74,7 +84,9 @@ def outsider(other_account):
 
 def worker_env(export_root: Path, **extra: str) -> dict[str, str]:
     """Environment for a worker process that shares this test's database and export folder, with
-    the ORM broker (no REDIS_URL), a fast poll and the test jobs."""
+    the ORM broker (no REDIS_URL), a fast poll, the test jobs and this test's ledger backend."""
+    if settings.FAIRSHARE["LEDGER"]:
+        extra = {"FAIRSHARE_LEDGER": settings.FAIRSHARE["LEDGER"], **extra}
     return processes.worker_env(
         without={"REDIS_URL"},
         DJANGO_SETTINGS_MODULE="config.settings",
@@ -122,7 +134,7 @@ def broker(request, monkeypatch):
         return
     url = os.environ.get("FAIRSHARE_TEST_REDIS_URL")
     if not url:
-        pytest.skip("no Redis: set FAIRSHARE_TEST_REDIS_URL (scripts/test starts a local one)")
+        needs_service("Redis", "set FAIRSHARE_TEST_REDIS_URL (scripts/test installs and starts a local one)")
     client = redis.from_url(url)
     client.flushdb()
     # django-q2 reads its broker from Conf at every get_broker(): point this process at Redis.
@@ -142,7 +154,7 @@ def export_store(request, export_root, settings, monkeypatch):
         return LocalStore(export_root)
     endpoint = stores.s3_endpoint()
     if not endpoint:
-        pytest.skip(f"no S3 server: set {stores.S3_ENDPOINT_ENV} (scripts/test starts moto's)")
+        needs_service("an S3 server", f"set {stores.S3_ENDPOINT_ENV} (scripts/test starts moto's)")
     store = stores.S3Store(endpoint)
     for name, value in stores.S3_CREDENTIALS.items():
         monkeypatch.setenv(name, value)

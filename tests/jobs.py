@@ -7,7 +7,7 @@ import logging
 import os
 import time
 
-from django.db import connection
+from django.db import connection, transaction
 
 from scheduling import testing
 from scheduling.jobs import noop
@@ -49,6 +49,16 @@ def sleep(ctx) -> None:
     time.sleep(_ms(ctx) / 1000)
 
 
+@job("tests.sleep_checked", cpu_estimate_ms=10)
+def sleep_checked(ctx) -> None:
+    """Holds its slot for a while without using CPU, checking its budget every 50 ms like a long
+    job between batches (a job its watcher may stop)."""
+    end = time.monotonic() + _ms(ctx) / 1000
+    while time.monotonic() < end:
+        time.sleep(min(0.05, max(0.0, end - time.monotonic())))
+        ctx.budget.check()
+
+
 @job("tests.hold_exports_worker", queue="exports", cpu_estimate_ms=10)
 def hold_exports_worker(ctx) -> None:
     """Occupies an exports worker until the file named by FAIRSHARE_TEST_GATE exists, or for at
@@ -57,6 +67,25 @@ def hold_exports_worker(ctx) -> None:
     end = time.monotonic() + _ms(ctx) / 1000
     while time.monotonic() < end and not (gate and os.path.exists(gate)):
         time.sleep(0.05)
+
+
+FROZEN_WRITE = "written by a transaction whose worker froze"
+
+
+@job("tests.hold_row_lock", cpu_estimate_ms=10)
+def hold_row_lock(ctx) -> None:
+    """Writes to the queued export its ref names ("<ms>/<export id>") inside a transaction, which
+    holds that row's lock, and commits only once FAIRSHARE_TEST_GATE exists (or after the ref's
+    milliseconds): a worker frozen here is a frozen lock holder."""
+    from exports.models import ExportRecord, ExportStatus
+
+    export_id = ctx.envelope.ref.split("/", 1)[1]
+    gate = os.environ.get(testing.TEST_GATE.env, "")
+    end = time.monotonic() + _ms(ctx) / 1000
+    with transaction.atomic():
+        ExportRecord.objects.filter(pk=export_id, status=ExportStatus.QUEUED).update(error_message=FROZEN_WRITE)
+        while time.monotonic() < end and not (gate and os.path.exists(gate)):
+            time.sleep(0.05)
 
 
 @job("tests.drop_connection", cpu_estimate_ms=10)

@@ -93,3 +93,61 @@ def test_the_readme_names_every_system_check():
     assert {"scheduling.E001", "budgets.E001", "exports.E001"} <= ids
     text = readme.README.read_text()
     assert [i for i in sorted(ids) if f"`{i}`" not in text] == []
+
+
+# --- Secure by default ---------------------------------------------------------------------------
+
+HTTPS_VARIABLES = {env.SSL_REDIRECT.env: "security.W008", env.HSTS_SECONDS.env: "security.W004",
+                   env.HSTS_INCLUDE_SUBDOMAINS.env: "security.W005", env.HSTS_PRELOAD.env: "security.W021",
+                   env.SESSION_COOKIE_SECURE.env: "security.W012", env.CSRF_COOKIE_SECURE.env: "security.W016"}
+STRONG_KEY = "x7Qp2" * 12 + "-production-like-secret"
+
+
+def production_env(**extra: str) -> dict[str, str]:
+    """This environment less DEBUG, the test switch and every HTTPS variable, with a strong key."""
+    dropped = {"DEBUG", "FAIRSHARE_TESTING", *HTTPS_VARIABLES}
+    return {**{k: v for k, v in os.environ.items() if k not in dropped},
+            "SECRET_KEY": STRONG_KEY, "DJANGO_SETTINGS_MODULE": "config.settings", **extra}
+
+
+def check_deploy(environ: dict[str, str]) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "manage.py", "check", "--deploy", "--fail-level", "WARNING"],
+                          cwd=REPO, env=environ, capture_output=True, text=True, timeout=120)
+
+
+def warnings_named(done: subprocess.CompletedProcess) -> set[str]:
+    return set(re.findall(r"\((security\.W\d{3})\)", done.stdout + done.stderr))
+
+
+def test_check_deploy_is_clean_with_only_debug_unset_and_a_strong_secret_key():
+    done = check_deploy(production_env())
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "System check identified no issues" in done.stdout
+
+
+def test_each_https_part_can_be_turned_off_and_django_then_names_it():
+    done = check_deploy(production_env(**dict.fromkeys(HTTPS_VARIABLES, "0")))
+    assert done.returncode == 1
+    # W005 and W021 are about the HSTS header, which is off here too; each is named on its own below.
+    assert warnings_named(done) == {"security.W004", "security.W008", "security.W012", "security.W016"}
+    done = check_deploy(production_env(SECURE_HSTS_INCLUDE_SUBDOMAINS="0", SECURE_HSTS_PRELOAD="0"))
+    assert warnings_named(done) == {"security.W005", "security.W021"}
+
+
+def test_debug_and_the_test_suite_speak_plain_http():
+    code = ("from django.conf import settings as s; print(s.SECURE_SSL_REDIRECT, s.SECURE_HSTS_SECONDS, "
+            "s.SESSION_COOKIE_SECURE, s.CSRF_COOKIE_SECURE)")
+    done = subprocess.run([sys.executable, "manage.py", "shell", "-c", code], cwd=REPO,
+                          env=production_env(DEBUG="1"), capture_output=True, text=True, timeout=120)
+    assert done.stdout.splitlines()[-1].split() == ["False", "0", "False", "False"], done.stdout + done.stderr
+    # This process: off because tests/conftest.py says so (the client below is plain HTTP).
+    assert (settings.SECURE_SSL_REDIRECT, settings.SESSION_COOKIE_SECURE, settings.CSRF_COOKIE_SECURE) == (
+        False, False, False)
+
+
+@pytest.mark.django_db
+def test_probes_are_answered_over_plain_http_when_everything_else_is_redirected(settings, client):
+    settings.SECURE_SSL_REDIRECT = True
+    assert client.get("/admin/").status_code == 301
+    assert client.get("/healthz").status_code in (200, 503)  # its own answer, not a redirect
+    assert client.get("/metrics").status_code == 200

@@ -23,7 +23,8 @@ def settle_runs(env: dict[str, str], worker: int, runs: int, account_id: int, to
     from django.db import connections
 
     from scheduling.metering import Meter
-    from budgets.services import admit, settle
+    from budgets.admission import admit
+    from budgets.settlement import settle
     from scheduling.envelope import Envelope
 
     together.wait(120)
@@ -39,7 +40,7 @@ def settle_runs(env: dict[str, str], worker: int, runs: int, account_id: int, to
             cpu_ms, wall_ms, db_ms, storage_ms = meter_figures(worker, i)
             meter = Meter(cpu_ms=cpu_ms, wall_ms=wall_ms, db_wait_ms=db_ms, storage_wait_ms=storage_ms)
             meter._stopped = True  # fixed figures, as the budget middleware leaves them
-            if not settle(reservation_id=admission.reservation_id, account_id=account_id, queue="default", meter=meter):
+            if not settle(slot_id=admission.slot_id, account_id=account_id, queue="default", meter=meter):
                 raise AssertionError(f"run {ref} was not settled")
     finally:
         connections.close_all()

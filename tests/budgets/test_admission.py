@@ -8,9 +8,11 @@ from django_q.signing import SignedPackage
 
 from budgets import clock
 from budgets.models import Budget, Reservation, ReservationStatus, UsageDay
-from budgets.services import (
-    admit, admit_at_enqueue, reclaim_expired, release_due, reservation_grow, settle,
-)
+from budgets.admission import admit, admit_at_enqueue
+from budgets.handoff import release_due
+from budgets.reclaim import reclaim_expired
+from budgets.running import reservation_grow
+from budgets.settlement import settle
 from scheduling.envelope import Envelope
 from scheduling.metering import Meter
 from scheduling.models import DeferReason, DeferredTask, Outcome, TaskRun
@@ -68,10 +70,10 @@ def test_settlement_charges_measured_cpu_once_and_releases_the_oldest_held_job(
     admit(envelope=envelope(account, "c"), queue="default", estimate_ms=300, worker="w")
 
     with django_capture_on_commit_callbacks(execute=True):
-        assert settle(reservation_id=running.reservation_id, account_id=account.pk, queue="default",
+        assert settle(slot_id=running.slot_id, account_id=account.pk, queue="default",
                       meter=meter(cpu_ms=1234, wall_ms=2000, db_ms=12.4, storage_ms=7.6))
     # Exactly once: a second settlement of the same run changes nothing.
-    assert not settle(reservation_id=running.reservation_id, account_id=account.pk, queue="default",
+    assert not settle(slot_id=running.slot_id, account_id=account.pk, queue="default",
                       meter=meter(cpu_ms=1234))
 
     row = usage(account)
@@ -87,7 +89,7 @@ def test_exhausted_budget_holds_work_until_the_next_budget_day(
     account, budget, settings, django_capture_on_commit_callbacks,
 ):
     run = admit(envelope=envelope(account, "a"), queue="default", estimate_ms=300, worker="w")
-    settle(reservation_id=run.reservation_id, account_id=account.pk, queue="default", meter=meter(cpu_ms=10_500))
+    settle(slot_id=run.slot_id, account_id=account.pk, queue="default", meter=meter(cpu_ms=10_500))
 
     refused = admit(envelope=envelope(account, "b"), queue="default", estimate_ms=300, worker="w")
     assert refused.reason == DeferReason.BUDGET_EXHAUSTED
@@ -122,7 +124,7 @@ def test_reclaim_gives_back_a_dead_runs_slot_and_charges_what_it_reported(
     run = TaskRun.objects.create(account=account, job="tests.noop", ref="a", started_at=timezone.now())
     dead = admit(envelope=envelope(account, "a"), queue="default", estimate_ms=300, run=run, worker="w")
     admit(envelope=envelope(account, "b"), queue="default", estimate_ms=300, worker="w")
-    Reservation.objects.filter(pk=dead.reservation_id).update(
+    Reservation.objects.filter(pk=dead.slot_id).update(
         cpu_reported_ms=700, lease_expires_at=timezone.now() - dt.timedelta(seconds=1))
 
     with django_capture_on_commit_callbacks(execute=True):
@@ -136,8 +138,8 @@ def test_reclaim_gives_back_a_dead_runs_slot_and_charges_what_it_reported(
     assert Reservation.objects.get(ref="b").status == ReservationStatus.DISPATCHED
 
     # The "dead" run was only slow: its late settlement charges the remainder, nothing twice.
-    assert Reservation.objects.get(pk=dead.reservation_id).status == ReservationStatus.RECLAIMED
-    settle(reservation_id=dead.reservation_id, account_id=account.pk, queue="default", meter=meter(cpu_ms=900))
+    assert Reservation.objects.get(pk=dead.slot_id).status == ReservationStatus.RECLAIMED
+    settle(slot_id=dead.slot_id, account_id=account.pk, queue="default", meter=meter(cpu_ms=900))
     row = usage(account)
     assert (row.cpu_used_ms, row.cpu_reserved_ms, row.runs) == (900, 0, 1)
 
@@ -168,32 +170,32 @@ def test_concurrent_runs_of_one_account_never_reserve_more_than_it_has_left(
     # A third run could take a slot, but the budget is all reserved: it waits for the others.
     third = admit(envelope=envelope(account, "c"), queue="default", estimate_ms=10, worker="w")
     assert (third.admitted, third.reason) == (False, DeferReason.BUDGET_RESERVED)
-    assert reservation_grow(reservation_id=first.reservation_id, cpu_ms=900, want_ms=1000) == 0
+    assert reservation_grow(slot_id=first.slot_id, cpu_ms=900, want_ms=1000) == 0
 
     # The first gives back what it did not use: the held job runs with that.
     with django_capture_on_commit_callbacks(execute=True):
-        settle(reservation_id=first.reservation_id, account_id=account.pk, queue="default", meter=meter(cpu_ms=400))
+        settle(slot_id=first.slot_id, account_id=account.pk, queue="default", meter=meter(cpu_ms=400))
     assert [e["ref"] for e in queued_envelopes()] == ["c"]
     again = admit(envelope=envelope(account, "c"), queue="default", estimate_ms=10, worker="w")
     assert again.allowance_ms == 600
-    assert reservation_grow(reservation_id=second.reservation_id, cpu_ms=990, want_ms=1000) == 0
+    assert reservation_grow(slot_id=second.slot_id, cpu_ms=990, want_ms=1000) == 0
     row = usage(account)
     assert (row.cpu_used_ms, row.cpu_reserved_ms) == (400, 1600)
 
 
 def test_a_run_grows_its_reservation_while_the_account_has_budget_left(account, budget):
     run = admit(envelope=envelope(account, "a"), queue="default", estimate_ms=10, worker="w")
-    assert reservation_grow(reservation_id=run.reservation_id, cpu_ms=800, want_ms=5000) == 5000
-    assert reservation_grow(reservation_id=run.reservation_id, cpu_ms=5800, want_ms=5000) == 4000  # 10 s in all
-    assert reservation_grow(reservation_id=run.reservation_id, cpu_ms=9900, want_ms=5000) == 0
-    reservation = Reservation.objects.get(pk=run.reservation_id)
+    assert reservation_grow(slot_id=run.slot_id, cpu_ms=800, want_ms=5000) == 5000
+    assert reservation_grow(slot_id=run.slot_id, cpu_ms=5800, want_ms=5000) == 4000  # 10 s in all
+    assert reservation_grow(slot_id=run.slot_id, cpu_ms=9900, want_ms=5000) == 0
+    reservation = Reservation.objects.get(pk=run.slot_id)
     assert (reservation.cpu_reserved_ms, reservation.cpu_reported_ms) == (10_000, 9900)
     assert usage(account).cpu_reserved_ms == 10_000
 
 
 def test_a_run_stopped_by_the_cap_waits_for_tomorrow_when_nothing_is_left(account, budget):
     run = admit(envelope=envelope(account, "a"), queue="default", estimate_ms=10_000, worker="w")
-    settle(reservation_id=run.reservation_id, account_id=account.pk, queue="default", meter=meter(cpu_ms=10_100),
+    settle(slot_id=run.slot_id, account_id=account.pk, queue="default", meter=meter(cpu_ms=10_100),
            cap_hit=True, envelope=envelope(account, "a"))
     held = DeferredTask.objects.get()
     assert (held.ref, held.reason, held.eligible_at) == ("a", DeferReason.BUDGET_EXHAUSTED, clock.next_reset())
@@ -219,7 +221,7 @@ def test_a_sent_job_holds_a_slot_until_it_starts_so_a_burst_waits_in_the_holding
     assert run.admitted
     assert Reservation.objects.get().status == ReservationStatus.ACTIVE
     with django_capture_on_commit_callbacks(execute=True):
-        settle(reservation_id=run.reservation_id, account_id=account.pk, queue="default", meter=meter(cpu_ms=5))
+        settle(slot_id=run.slot_id, account_id=account.pk, queue="default", meter=meter(cpu_ms=5))
     assert [e["ref"] for e in queued_envelopes()] == ["a", "b"]
     assert list(Reservation.objects.values_list("ref", "status")) == [("b", ReservationStatus.DISPATCHED)]
     # A duplicate delivery of the finished job finds no slot of its own and none free: it waits.

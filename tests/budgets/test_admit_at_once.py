@@ -1,25 +1,26 @@
-"""The admission without the lock (budgets.ledger.admit_at_once, PostgreSQL): one statement for a
+"""The admission without the lock (the PostgreSQL ledger's admit_at_once): one statement for a
 job sent with a slot of its own, exact against admissions made under the lock at the same time."""
 import threading
 
 import pytest
 from django.db import connection, connections
 
-from budgets import clock, standing
+from budgets import clock
+from budgets.ledger import ledger
 from budgets.models import Budget, Reservation, ReservationStatus, UsageDay
-from budgets.services import admit
+from budgets.admission import admit
 from scheduling.envelope import Envelope
 from scheduling.models import DeferReason, DeferredTask, TaskRun
 from scheduling.services import task_run_new
 from tests.conftest import backend_waiting_for, connect_outside_django, wait_for
 
-pytestmark = pytest.mark.django_db(transaction=True)
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.ledger("postgresql")]
 
 
 def _sent(account, ref: str) -> Envelope:
     """A job sent to the broker with a slot of its own (as the enqueue-time check leaves it)."""
     sent = Envelope(job="tests.noop", account=account.pk, ref=ref)
-    standing.dispatch(envelope=sent, queue="default", day=clock.budget_day())
+    ledger().dispatch(envelope=sent, queue="default", day=clock.budget_day())
     return sent
 
 
@@ -44,7 +45,7 @@ def test_a_sent_job_is_admitted_in_one_statement(capped, django_assert_num_queri
         admission = _admit(sent)
 
     slot = Reservation.objects.get()
-    assert (admission.reservation_id, slot.status, slot.cpu_reserved_ms) == (slot.pk, ReservationStatus.ACTIVE, 1000)
+    assert (admission.slot_id, slot.status, slot.cpu_reserved_ms) == (slot.pk, ReservationStatus.ACTIVE, 1000)
     assert TaskRun.objects.get(pk=slot.task_run_id).ref == "0/a"
     assert UsageDay.objects.get().cpu_reserved_ms == 1000
 

@@ -8,7 +8,10 @@ from django_q.models import OrmQ
 
 from budgets.handoff import pull
 from budgets.models import Budget, Reservation, ReservationStatus
-from budgets.services import admit, reclaim_expired, release_due, settle, start_admitted
+from budgets.admission import admit, start_admitted
+from budgets.handoff import release_due
+from budgets.reclaim import reclaim_expired
+from budgets.settlement import settle
 from scheduling import clock
 from scheduling.envelope import Envelope
 from scheduling.holding import hold
@@ -25,12 +28,12 @@ def budget(account, cap: int) -> Budget:
 
 
 def start(handed, *, worker: str):
-    return start_admitted(admitted=handed.admission, envelope=handed.envelope, queue="default", worker=worker)
+    return start_admitted(claimed=handed, queue="default", worker=worker)
 
 
-def run(account, ref: str, claim: str | None = None):
+def run(account, ref: str, claimant: str | None = None):
     return admit(envelope=Envelope(job="tests.noop", account=account.pk, ref=ref), queue="default", estimate_ms=10,
-                 worker="w", claim=claim)
+                 worker="w", claimant=claimant)
 
 
 def test_settlement_hands_the_freed_slot_to_the_accounts_oldest_held_job(account):
@@ -38,10 +41,10 @@ def test_settlement_hands_the_freed_slot_to_the_accounts_oldest_held_job(account
     enqueue_many(job="tests.noop", work=[(account.pk, f"0/{i}") for i in range(3)])
     first = run(account, "0/0")
 
-    settled = settle(reservation_id=first.reservation_id, account_id=account.pk, queue="default", meter=meter(5),
-                     handoff_to="w1")
+    settled = settle(slot_id=first.slot_id, account_id=account.pk, queue="default", meter=meter(5),
+                     hand_to="w1")
 
-    handed = settled.handoff
+    handed = settled.handed_to
     assert handed.envelope == Envelope(job="tests.noop", account=account.pk, ref="0/1")
     assert OrmQ.objects.count() == 1  # the first job's message only: nothing went to the broker
     claimed = DeferredTask.objects.get(ref="0/1")
@@ -50,7 +53,7 @@ def test_settlement_hands_the_freed_slot_to_the_accounts_oldest_held_job(account
     slot = Reservation.objects.get()
     assert (slot.ref, slot.status, slot.task_run_id) == ("0/1", ReservationStatus.ACTIVE, handed.run.pk)
     assert TaskRun.objects.get(pk=handed.run.pk).outcome == Outcome.RUNNING
-    assert usage(account).cpu_reserved_ms == handed.admission.allowance_ms
+    assert usage(account).cpu_reserved_ms == handed.reserved_ms
     # When it starts it takes the job out of the holding area; the next waits.
     assert start(handed, worker="w1").admitted
     assert list(DeferredTask.objects.values_list("ref", "claimed_by")) == [("0/2", "")]
@@ -60,8 +63,8 @@ def test_a_job_admitted_with_its_claim_whose_worker_died_before_starting_it_is_u
     budget(account, cap=1)
     enqueue_many(job="tests.noop", work=[(account.pk, f"0/{i}") for i in range(2)])
     first = run(account, "0/0")
-    handed = settle(reservation_id=first.reservation_id, account_id=account.pk, queue="default", meter=meter(5),
-                    handoff_to="w1").handoff
+    handed = settle(slot_id=first.slot_id, account_id=account.pk, queue="default", meter=meter(5),
+                    hand_to="w1").handed_to
     # w1 dies before starting it: its claim and its slot expire together ...
     DeferredTask.objects.update(claim_expires_at=clock.now() - dt.timedelta(seconds=1))
     Reservation.objects.update(lease_expires_at=timezone.now() - dt.timedelta(seconds=1))
@@ -83,8 +86,8 @@ def test_a_job_admitted_with_its_claim_but_held_again_before_it_starts_does_not_
     budget(account, cap=1)
     enqueue_many(job="tests.noop", work=[(account.pk, f"0/{i}") for i in range(2)])
     first = run(account, "0/0")
-    handed = settle(reservation_id=first.reservation_id, account_id=account.pk, queue="default", meter=meter(5),
-                    handoff_to="w1").handoff
+    handed = settle(slot_id=first.slot_id, account_id=account.pk, queue="default", meter=meter(5),
+                    hand_to="w1").handed_to
     hold(envelope=handed.envelope, queue="default", reason=DeferReason.PAUSED, eligible_at=clock.now())  # voids the claim
 
     assert not start(handed, worker="w1").admitted
@@ -96,8 +99,8 @@ def test_a_claimant_that_lost_its_claim_does_not_run_the_job(account):
     budget(account, cap=1)
     enqueue_many(job="tests.noop", work=[(account.pk, f"0/{i}") for i in range(2)])
     first = run(account, "0/0")
-    settle(reservation_id=first.reservation_id, account_id=account.pk, queue="default", meter=meter(5),
-           handoff_to="w1")
+    settle(slot_id=first.slot_id, account_id=account.pk, queue="default", meter=meter(5),
+           hand_to="w1")
     # w1 stalls past its claim's lease: the claim and the slot taken for it expire ...
     DeferredTask.objects.update(claim_expires_at=clock.now() - dt.timedelta(seconds=1))
     Reservation.objects.update(lease_expires_at=timezone.now() - dt.timedelta(seconds=1))
@@ -106,7 +109,7 @@ def test_a_claimant_that_lost_its_claim_does_not_run_the_job(account):
     assert not DeferredTask.objects.exists()
     assert Reservation.objects.get().status == ReservationStatus.DISPATCHED
 
-    late = run(account, "0/1", claim="w1")
+    late = run(account, "0/1", claimant="w1")
 
     assert not late.admitted and late.reason is None  # skipped, not held: nothing runs it twice
     assert not DeferredTask.objects.exists()
@@ -117,8 +120,8 @@ def test_an_expired_claim_is_released_like_any_held_job(account):
     budget(account, cap=1)
     enqueue_many(job="tests.noop", work=[(account.pk, f"0/{i}") for i in range(2)])
     first = run(account, "0/0")
-    settle(reservation_id=first.reservation_id, account_id=account.pk, queue="default", meter=meter(5),
-           handoff_to="w1")
+    settle(slot_id=first.slot_id, account_id=account.pk, queue="default", meter=meter(5),
+           hand_to="w1")
     assert release_due() == 0  # claimed, and its slot taken: nothing to release
     Reservation.objects.all().delete()  # (as if the slot's lease had expired and been reclaimed)
     assert release_due() == 0  # the claim itself is still live
@@ -161,18 +164,19 @@ def test_a_worker_yields_to_work_waiting_in_the_broker_instead_of_claiming(accou
     enqueue_many(job="tests.noop", work=[(other_account.pk, "0/waiting")])
     Reservation.objects.filter(ref="0/waiting").update(created_at=timezone.now() - dt.timedelta(seconds=5))
 
-    settled = settle(reservation_id=first.reservation_id, account_id=account.pk, queue="default", meter=meter(5),
-                     handoff_to="w1")
+    settled = settle(slot_id=first.slot_id, account_id=account.pk, queue="default", meter=meter(5),
+                     hand_to="w1")
 
-    assert settled.handoff is None  # the worker goes back to the broker ...
+    assert settled.handed_to is None  # the worker goes back to the broker ...
     assert pull(queue="default", worker="w1") is None
     slot = Reservation.objects.get(account=account)  # ... and the freed slot's job is sent there
     assert (slot.ref, slot.status) == ("0/1", ReservationStatus.DISPATCHED)
     assert not DeferredTask.objects.exists()
 
 
+@pytest.mark.ledger("postgresql")
 def test_a_settlement_passes_its_slot_on_with_what_is_left_of_its_reservation(account, settings):
-    """The lock-free pass-on (budgets.ledger, PostgreSQL) of a run that came from the holding area:
+    """The lock-free pass-on (the PostgreSQL ledger's) of a run that came from the holding area:
     the next job keeps what the run did not use of its reservation, at most a step, so the
     account's used + reserved CPU never grows; below half a step the slot is handed off under the
     lock instead, with a fresh step."""
@@ -181,15 +185,15 @@ def test_a_settlement_passes_its_slot_on_with_what_is_left_of_its_reservation(ac
     enqueue_many(job="tests.noop", work=[(account.pk, f"0/{i}") for i in range(4)])
     first = run(account, "0/0")
     # Sent through the broker: its settlement hands off under the lock, with a fresh step.
-    second = settle(reservation_id=first.reservation_id, account_id=account.pk, queue="default", meter=meter(300),
-                    handoff_to="w1").handoff
-    assert second.admission.allowance_ms == 1000
+    second = settle(slot_id=first.slot_id, account_id=account.pk, queue="default", meter=meter(300),
+                    hand_to="w1").handed_to
+    assert second.reserved_ms == 1000
     assert start(second, worker="w1").admitted
 
-    third = settle(reservation_id=second.admission.reservation_id, account_id=account.pk, queue="default",
-                   meter=meter(300), handoff_to="w1", expect_held=True).handoff
+    third = settle(slot_id=second.slot_id, account_id=account.pk, queue="default",
+                   meter=meter(300), hand_to="w1", from_line=True).handed_to
 
-    assert third.envelope.ref == "0/2" and third.admission.allowance_ms == 700
+    assert third.envelope.ref == "0/2" and third.reserved_ms == 700
     day = usage(account)
     assert (day.runs, day.cpu_used_ms, day.cpu_reserved_ms) == (2, 600, 700)
     slot = Reservation.objects.get()
@@ -198,15 +202,15 @@ def test_a_settlement_passes_its_slot_on_with_what_is_left_of_its_reservation(ac
     assert DeferredTask.objects.get(ref="0/2").claimed_by == "w1"
     assert start(third, worker="w1").admitted
 
-    fourth = settle(reservation_id=third.admission.reservation_id, account_id=account.pk, queue="default",
-                    meter=meter(300), handoff_to="w1", expect_held=True).handoff
+    fourth = settle(slot_id=third.slot_id, account_id=account.pk, queue="default",
+                    meter=meter(300), hand_to="w1", from_line=True).handed_to
 
-    assert fourth.envelope.ref == "0/3" and fourth.admission.allowance_ms == 1000  # 400 left: a fresh step
+    assert fourth.envelope.ref == "0/3" and fourth.reserved_ms == 1000  # 400 left: a fresh step
     day = usage(account)
     assert (day.runs, day.cpu_used_ms, day.cpu_reserved_ms) == (3, 900, 1000)
     assert start(fourth, worker="w1").admitted
-    settle(reservation_id=fourth.admission.reservation_id, account_id=account.pk, queue="default", meter=meter(1),
-           handoff_to="w1", expect_held=True)
+    settle(slot_id=fourth.slot_id, account_id=account.pk, queue="default", meter=meter(1),
+           hand_to="w1", from_line=True)
     day = usage(account)
     assert (day.runs, day.cpu_used_ms, day.cpu_reserved_ms) == (4, 901, 0)
     assert not Reservation.objects.exists() and not DeferredTask.objects.exists()
@@ -219,24 +223,28 @@ def test_a_slot_is_not_passed_on_past_a_cap_lowered_meanwhile(account):
     capped.max_concurrent = 1  # an operator lowers the cap while both run
     capped.save()
 
-    settled = settle(reservation_id=first.reservation_id, account_id=account.pk, queue="default", meter=meter(5),
-                     handoff_to="w1", expect_held=True)
+    settled = settle(slot_id=first.slot_id, account_id=account.pk, queue="default", meter=meter(5),
+                     hand_to="w1", from_line=True)
 
-    assert settled.handoff is None  # the slot is freed, not passed on: one still runs, the cap is 1
+    assert settled.handed_to is None  # the slot is freed, not passed on: one still runs, the cap is 1
     assert list(Reservation.objects.values_list("ref", "status")) == [("0/1", ReservationStatus.ACTIVE)]
     assert DeferredTask.objects.get().claimed_by == ""
 
 
-def test_a_paused_accounts_slot_is_not_passed_on_with_an_admission(account):
+def test_a_paused_accounts_line_keeps_its_place_and_its_slot_is_not_passed_on(account):
     budget(account, cap=1)
     enqueue_many(job="tests.noop", work=[(account.pk, f"0/{i}") for i in range(2)])
     first = run(account, "0/0")
-    Pause.objects.create(account=account)  # an operator pauses the account while it runs
+    pause = Pause.objects.create(account=account)  # an operator pauses the account while it runs
 
-    handed = settle(reservation_id=first.reservation_id, account_id=account.pk, queue="default", meter=meter(5),
-                    handoff_to="w1", expect_held=True).handoff
+    settled = settle(slot_id=first.slot_id, account_id=account.pk, queue="default", meter=meter(5),
+                     hand_to="w1", from_line=True)
 
-    # Claimed under the lock but not admitted ahead: its own admission decides when it starts.
-    assert handed.envelope.ref == "0/1" and handed.admission is None and handed.run is None
-    assert Reservation.objects.get().status == ReservationStatus.DISPATCHED
-    assert usage(account).cpu_reserved_ms == 0
+    # Neither passed on nor handed off nor released: its line waits, in order, for the resume.
+    assert settled.handed_to is None
+    assert not Reservation.objects.exists() and usage(account).cpu_reserved_ms == 0
+    held = DeferredTask.objects.get()
+    assert (held.ref, held.claimed_by, held.in_line_since is not None) == ("0/1", "", True)
+    assert release_due() == 0 and pull(queue="default", worker="w1") is None
+    pause.delete()  # (resume: scheduling.pausing.resume)
+    assert pull(queue="default", worker="w1").envelope.ref == "0/1"

@@ -11,7 +11,7 @@ import pytest
 
 from budgets import clock
 from budgets.models import Reservation, ReservationStatus
-from budgets.services import reclaim_expired
+from budgets.reclaim import reclaim_expired
 from scheduling.models import DeferredTask, Outcome, TaskRun
 from scheduling.runtime import enqueue
 from tests.budgets.test_processes import (
@@ -59,6 +59,7 @@ def assert_ran_once_within_cap_in_order(account, refs: list[str], *, cap: int) -
     assert usage(account).cpu_reserved_ms == 0
 
 
+@pytest.mark.ledger("postgresql", "portable")  # the portable ledger with real workers too
 def test_a_capped_accounts_backlog_runs_through_hand_offs_one_at_a_time_in_order(account, start_cluster):
     give_budget(account, cpu_seconds=1000, max_concurrent=1)
     cluster = start_cluster("default", FAIRSHARE_WORKERS="2")
@@ -71,6 +72,7 @@ def test_a_capped_accounts_backlog_runs_through_hand_offs_one_at_a_time_in_order
     assert_ran_once_within_cap_in_order(account, refs, cap=1)
 
 
+@pytest.mark.ledger("postgresql", "portable")  # the portable ledger with real workers too
 def test_free_workers_pull_other_accounts_held_work_without_exceeding_any_cap(start_cluster):
     wide, narrow, single = AccountFactory(slug="wide"), AccountFactory(slug="narrow"), AccountFactory(slug="single")
     give_budget(wide, cpu_seconds=1000, max_concurrent=3)
@@ -121,6 +123,7 @@ def assert_recovers_once_in_order(account, refs: list[str], cluster) -> None:
     assert usage(account).runs == len(refs)
 
 
+@pytest.mark.ledger("postgresql", "portable")  # the portable ledger with real workers too
 def test_a_worker_killed_after_claiming_a_held_job_loses_and_duplicates_nothing(account, start_cluster, tmp_path):
     # The first run settles and hands its slot to the second job; the worker dies before running it.
     cluster, refs, claimed = kill_a_claimant(account, start_cluster, tmp_path, fault="before_handoff")

@@ -18,7 +18,10 @@ from django.utils import timezone
 
 from budgets import clock
 from budgets.models import Budget, Reservation, ReservationStatus, UsageDay
-from budgets.services import admit, reclaim_expired, release_due, settle
+from budgets.admission import admit
+from budgets.handoff import release_due
+from budgets.reclaim import reclaim_expired
+from budgets.settlement import settle
 from exports.models import ExportRecord, ExportStatus
 from exports.requests import export_request
 from scheduling.envelope import Envelope
@@ -106,6 +109,7 @@ def test_ledger_is_exact_under_concurrent_settlements_from_four_processes(accoun
     assert not Reservation.objects.exists()
 
 
+@pytest.mark.ledger("postgresql", "portable")  # the portable ledger with real workers too
 def test_ledger_matches_the_task_runs_of_real_workers(account, start_cluster):
     give_budget(account, cpu_seconds=100_000, max_concurrent=2)
     cluster = start_cluster("default", FAIRSHARE_WORKERS="2")
@@ -244,7 +248,7 @@ def test_one_accounts_flood_does_not_hold_up_another_account(start_cluster):
     assert DeferredTask.objects.filter(account=noisy, reason=DeferReason.QUEUED_BEHIND).count() == flood - 1
     stopped = Meter()
     stopped.stop()
-    settle(reservation_id=busy.reservation_id, account_id=noisy.pk, queue="default", meter=stopped)
+    settle(slot_id=busy.slot_id, account_id=noisy.pk, queue="default", meter=stopped)
 
     # The noisy account now runs its flood, one job at a time, while the quiet one submits.
     for i in range(5):

@@ -9,7 +9,8 @@ from django.utils import timezone
 
 from budgets import clock
 from budgets.models import Budget, Reservation, UsageDay
-from budgets.services import admit, reclaim_expired
+from budgets.admission import admit
+from budgets.reclaim import reclaim_expired
 from scheduling.envelope import Envelope
 from scheduling.models import Outcome, TaskRun, WorkerHeartbeat
 from scheduling.runtime import enqueue, execute
@@ -73,7 +74,7 @@ def test_a_run_that_could_not_settle_is_charged_what_it_recorded_when_reclaimed(
                       estimate_ms=100, run=run, worker="host:1")
     TaskRun.objects.filter(pk=run.pk).update(outcome=Outcome.FAILED, cpu_ms=445, finished_at=timezone.now(),
                                              error_class="django.db.utils.OperationalError")
-    Reservation.objects.filter(pk=admission.reservation_id).update(
+    Reservation.objects.filter(pk=admission.slot_id).update(
         cpu_reported_ms=0, lease_expires_at=timezone.now() - dt.timedelta(seconds=1))
 
     assert reclaim_expired() == 1

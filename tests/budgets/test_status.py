@@ -7,7 +7,7 @@ from django.core.management import CommandError, call_command
 
 from budgets import clock
 from budgets.models import Budget, UsageDay
-from budgets.services import admit
+from budgets.admission import admit
 from scheduling.envelope import Envelope
 from scheduling.runtime import enqueue
 

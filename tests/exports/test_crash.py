@@ -15,7 +15,7 @@ from django_q.models import OrmQ
 from django_q.tasks import async_task
 
 from budgets.models import Account, Reservation, ReservationStatus
-from budgets.services import reclaim_expired
+from budgets.reclaim import reclaim_expired
 from exports.leases import export_cancel
 from exports.maintenance import reconcile_exports
 from exports.models import AttemptOutcome, ExportStatus

@@ -17,7 +17,7 @@ from django_q.scheduler import scheduler
 
 from budgets import clock
 from budgets.models import Budget, Reservation, ReservationStatus
-from budgets.services import reclaim_expired
+from budgets.reclaim import reclaim_expired
 from exports.models import ExportRecord, ExportSchedule, ExportStatus, SchedulePeriod
 from scheduling import processes
 from scheduling.models import DeferReason, DeferredTask, Outcome, TaskRun

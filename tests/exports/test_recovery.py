@@ -10,7 +10,7 @@ import pytest
 from django.core import mail
 
 from budgets.models import Reservation, ReservationStatus
-from budgets.services import reclaim_expired
+from budgets.reclaim import reclaim_expired
 from exports.maintenance import reconcile_exports
 from exports.models import AttemptOutcome, ExportStatus
 from exports.requests import BUILD_JOB, export_request

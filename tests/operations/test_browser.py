@@ -5,7 +5,8 @@ that reason, resumes it and sees the work run, and runs a recurring export now. 
 screenshot is kept: the test's tmp dir and var/test-artifacts/console-dashboard.png.
 
 scripts/test installs Playwright's package (requirements-dev.txt) and, as root, Debian's chromium;
-Playwright's own browser download cannot work here. Without either, this test skips and says why.
+Playwright's own browser download cannot work here. Without either, this test skips and says why
+(and fails under CI=true: tests/services.py).
 """
 import shutil
 from pathlib import Path
@@ -22,6 +23,7 @@ from scheduling.envelope import Envelope
 from scheduling.models import DeferReason, DeferredTask
 from scheduling.runtime import execute
 from tests.conftest import REPO
+from tests.services import needs_service
 from tests.exports.support import RANGE, add_events, notifications, stored_files, wait_finished
 from tests.factories import MembershipFactory, UserFactory
 
@@ -35,15 +37,20 @@ ARTIFACTS = REPO / "var" / "test-artifacts"
 # In the error, what the stored copy must not show: a card number and a connection string's password.
 LEAKY = "could not complete export for card 4111 1111 1111 1111 at postgres://app:s3cr3t@db.internal/fs"
 
-sync_api = pytest.importorskip("playwright.sync_api", reason="Playwright's Python package is not installed "
-                               "(scripts/test installs it from requirements-dev.txt)")
-if not Path(CHROMIUM).exists():
-    pytest.skip(f"no {CHROMIUM}: scripts/test installs Debian's chromium with apt-get when run as root",
-                allow_module_level=True)
+try:
+    from playwright import sync_api
+except ImportError:  # said by the `browser` fixture, at the test rather than at collection
+    sync_api = None
 
 
 @pytest.fixture
 def browser(monkeypatch):
+    if sync_api is None:
+        needs_service("Playwright", "its Python package is not installed (scripts/test installs it from "
+                      "requirements-dev.txt)")
+    if not Path(CHROMIUM).exists():
+        needs_service("chromium", f"no {CHROMIUM}: scripts/test installs Debian's chromium with apt-get when run "
+                      "as root")
     # Playwright's sync API runs an event loop in this thread; the test's own ORM calls are
     # synchronous and safe, but Django refuses them inside a running loop unless told.
     monkeypatch.setenv("DJANGO_ALLOW_ASYNC_UNSAFE", "true")

@@ -10,7 +10,7 @@ from django.utils import timezone
 from django_q.models import Schedule
 
 from budgets.models import Budget, UsageDay
-from budgets.services import budgets_ensure_defaults
+from budgets.plans import budgets_ensure_defaults
 from exports.models import ExportRecord, ExportStatus
 from scheduling.models import DeferReason, DeferredTask, Outcome, Pause, TaskRun, TaskRunDaily
 from scheduling.schedules import sync_schedules
@@ -44,7 +44,7 @@ def test_the_dashboard_reads_a_bounded_number_of_queries_whatever_the_history(
     DeferredTask.objects.create(account=account, queue="exports", job="exports.build", ref="x",
                                 reason=DeferReason.PAUSED, eligible_at=timezone.now())
     client.force_login(root)
-    with django_assert_max_num_queries(16):
+    with django_assert_max_num_queries(18):
         page = client.get(reverse("ops-dashboard"))
     assert page.status_code == 200
     body = page.content.decode()
@@ -54,6 +54,52 @@ def test_the_dashboard_reads_a_bounded_number_of_queries_whatever_the_history(
     assert "600 runs, failure rate 20.0%" in body
     assert "Paused by an operator (exports)" in body and body.count('<svg class="chart"') >= 6
     assert "tenant-2" in body and "http://" not in body.split("<body")[1].replace("http://www.w3.org", "")
+
+
+def _tenants(first: int, n: int) -> None:
+    """`n` accounts from number `first` on, each with its budgets, today's ledger (account t<i>
+    used i ms) and a held job."""
+    from budgets.models import Account
+
+    now = timezone.now()
+    accounts = Account.objects.bulk_create([Account(slug=f"t{i}", name=f"t{i}") for i in range(first, first + n)])
+    Budget.objects.bulk_create([Budget(account=a, queue=q, cpu_seconds_per_day=600, max_concurrent=1)
+                                for a in accounts for q in ("default", "exports")])
+    UsageDay.objects.bulk_create([UsageDay(account=a, queue="default", day=now.date(), cpu_used_ms=first + i)
+                                  for i, a in enumerate(accounts)])
+    DeferredTask.objects.bulk_create([DeferredTask(account=a, queue="default", job="tests.noop", ref=f"held-{a.pk}",
+                                                   reason=DeferReason.CONCURRENCY_CAP, eligible_at=now, in_line_since=now)
+                                      for a in accounts])
+
+
+def _queries(client, url: str) -> int:
+    from django.db import connection
+    from django.test.utils import CaptureQueriesContext
+
+    with CaptureQueriesContext(connection) as queries:
+        assert client.get(url).status_code == 200
+    return len(queries)
+
+
+def test_the_views_of_10000_accounts_make_as_many_queries_as_those_of_ten(client, root):
+    """The dashboard draws the busiest accounts, the account list pages them, `budget_status` and
+    /metrics report the top ones: what each page asks is the same with 10 accounts or 10,000."""
+    from io import StringIO
+
+    from django.core.management import call_command
+
+    pages = [reverse("ops-dashboard"), reverse("admin:budgets_account_changelist"), "/metrics"]
+    client.force_login(root)
+    _tenants(0, 10)
+    few = [_queries(client, url) for url in pages]
+    _tenants(10, 9990)
+    many = [_queries(client, url) for url in pages]
+    assert many == few
+    out = StringIO()
+    call_command("budget_status", "--top", "5", stdout=out)
+    lines = out.getvalue().splitlines()
+    assert [line.split()[0] for line in lines[1:6]] == ["t9999", "t9998", "t9997", "t9996", "t9995"]
+    assert lines[-1] == "the 5 of 20000 budgets that used the most CPU today (--all for every one)"
 
 
 def test_the_dashboard_shows_a_tenant_only_its_accounts(client, account, operator):

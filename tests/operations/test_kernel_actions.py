@@ -9,7 +9,7 @@ from django_q.models import OrmQ, Schedule
 
 from budgets.adjust import budget_adjust, end_adjustments
 from budgets.models import Budget, BudgetAdjustment, Role
-from budgets.services import budgets_ensure_defaults
+from budgets.plans import budgets_ensure_defaults
 from scheduling import clock, holding
 from scheduling.actions import release_held, run_schedule_now
 from scheduling.envelope import Envelope

@@ -57,6 +57,15 @@ def test_the_stall_threshold_must_outwait_a_broker_poll(settings):
         ("scheduling.E005", 'FAIRSHARE["QUEUE_STALL_AFTER_S"] (2 s) must be larger than the slowest queue\'s poll (2 s).')]
 
 
+@pytest.mark.parametrize(("exit_after", "refused"), [(180, False), (0, False), (120, True)])
+def test_a_stuck_pool_ends_itself_only_after_healthz_has_said_so(settings, exit_after, refused):
+    settings.FAIRSHARE = {**settings.FAIRSHARE, "QUEUE_STALL_AFTER_S": 120, "STALLED_POOL_EXIT_AFTER_S": exit_after}
+    assert fairshare_checks() == ([(
+        "scheduling.E009",
+        'FAIRSHARE["STALLED_POOL_EXIT_AFTER_S"] (120 s) must be larger than FAIRSHARE["QUEUE_STALL_AFTER_S"] (120 s), '
+        "or 0.")] if refused else [])
+
+
 def test_metrics_networks_must_be_networks(settings):
     settings.FAIRSHARE = {**settings.FAIRSHARE, "METRICS_ALLOWED_NETWORKS": "10.0.0.0/8, nope"}
     assert fairshare_checks() == [
@@ -76,3 +85,27 @@ def test_qcluster_refuses_to_start_while_a_check_fails(export_root):
     assert ('(scheduling.E001) Q_CLUSTER cluster "exports": retry (30 s) must be larger than timeout (30 s).'
             in done.stderr), done.stderr
     assert "starting" not in (done.stdout + done.stderr).lower()
+
+
+@pytest.mark.parametrize(("idle", "lock", "statement", "refused"), [
+    (60, 120, 0, None),
+    (60, 60, 0, "FAIRSHARE_DB_LOCK_TIMEOUT_S (60 s) must be larger than FAIRSHARE_DB_IDLE_IN_TRANSACTION_TIMEOUT_S (60 s)."),
+    (60, 120, 100, "FAIRSHARE_DB_STATEMENT_TIMEOUT_S (100 s) must be larger than FAIRSHARE_DB_LOCK_TIMEOUT_S (120 s), "
+                   "or 0."),
+    (0, 10, 0, None),  # the server's or the role's idle timeout: nothing to compare with
+])
+def test_a_frozen_lock_holder_must_be_cut_off_before_its_waiters_give_up(settings, idle, lock, statement, refused):
+    settings.DATABASE_SESSION_TIMEOUTS_S = {"idle_in_transaction_session_timeout": idle, "lock_timeout": lock,
+                                            "statement_timeout": statement}
+    assert fairshare_checks() == ([("scheduling.E008", refused)] if refused else [])
+
+
+def test_every_connection_carries_the_session_timeouts(db):
+    from django.db import connection
+
+    with connection.cursor() as cursor:
+        shown = {}
+        for name in ("idle_in_transaction_session_timeout", "lock_timeout", "statement_timeout"):
+            cursor.execute(f"SHOW {name}")
+            shown[name] = cursor.fetchone()[0]
+    assert shown == {"idle_in_transaction_session_timeout": "1min", "lock_timeout": "2min", "statement_timeout": "0"}

@@ -10,8 +10,9 @@ from django_q.models import OrmQ
 
 from budgets import clock as budget_clock
 from budgets.models import Budget, Reservation, ReservationStatus, UsageDay
-from scheduling import clock, runtime
+from scheduling import broker, clock
 from scheduling.envelope import Envelope
+from scheduling.gates import EnqueueGate
 from scheduling.holding import hold, release_due
 from scheduling.models import DeferReason, DeferredTask
 from scheduling.runtime import enqueue, enqueue_many
@@ -22,7 +23,7 @@ pytestmark = pytest.mark.django_db
 calls: list[tuple] = []
 
 
-class RecordingGate:
+class RecordingGate(EnqueueGate):
     """Admits everything; records what it is asked."""
 
     def admit(self, *, envelope, queue):
@@ -74,7 +75,7 @@ def test_the_budget_gate_gives_the_slot_back_when_the_broker_refuses_the_message
     def broker_down(*args, **kwargs):
         raise ConnectionError("broker unreachable")
 
-    monkeypatch.setattr(runtime, "async_task", broker_down)
+    monkeypatch.setattr(broker, "async_task", broker_down)
 
     with pytest.raises(ConnectionError):
         enqueue(job="tests.noop", account=account.pk, ref="r1")
@@ -147,7 +148,7 @@ def test_a_producer_killed_between_the_gates_and_the_broker_leaves_no_slot_taken
 def test_a_batch_the_broker_refuses_halfway_sends_and_holds_none_of_it(account, monkeypatch):
     """enqueue_many with the ORM broker: one transaction for the whole batch."""
     Budget.objects.create(account=account, queue="default", cpu_seconds_per_day=10, max_concurrent=2)
-    real_send, sends = runtime.async_task, []
+    real_send, sends = broker.async_task, []
 
     def second_refused(*args, **kwargs):
         sends.append(1)
@@ -155,7 +156,7 @@ def test_a_batch_the_broker_refuses_halfway_sends_and_holds_none_of_it(account, 
             raise ConnectionError("broker unreachable")
         return real_send(*args, **kwargs)
 
-    monkeypatch.setattr(runtime, "async_task", second_refused)
+    monkeypatch.setattr(broker, "async_task", second_refused)
     with pytest.raises(ConnectionError):
         enqueue_many(job="tests.noop", work=[(account.pk, f"b{i}") for i in range(4)])
 

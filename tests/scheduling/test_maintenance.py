@@ -15,6 +15,8 @@ from exports import storage
 from exports.leases import export_complete
 from exports.maintenance import purge_expired_exports
 from exports.models import ExportRecord, ExportStatus
+from scheduling.envelope import Envelope
+from scheduling.holding import hold
 from scheduling.metering import Meter
 from scheduling.models import DeferReason, DeferredTask, Outcome, TaskRun, TaskRunDaily, WorkerHeartbeat
 from scheduling.runtime import execute
@@ -247,8 +249,8 @@ def test_release_deferred_job_releases_due_held_work_into_free_slots(
         ("a3", account, DeferReason.QUEUED_BEHIND, past),       # no third slot
         ("b1", other_account, DeferReason.BUDGET_EXHAUSTED, future),  # not yet due
     ]:
-        DeferredTask.objects.create(account=acct, queue="default", job="tests.noop", ref=ref, reason=reason,
-                                    eligible_at=eligible)
+        hold(envelope=Envelope(job="tests.noop", account=acct.pk, ref=ref), queue="default", reason=reason,
+             eligible_at=eligible)
 
     with django_capture_on_commit_callbacks(execute=True):
         run = run_job("scheduling.release_deferred")
@@ -275,8 +277,8 @@ def test_reclaim_leases_job_gives_back_dead_runs_slots(account, django_capture_o
         task_run=dead_run, cpu_reserved_ms=300, cpu_reported_ms=120,
         lease_expires_at=timezone.now() - dt.timedelta(seconds=1),
     )
-    DeferredTask.objects.create(account=account, queue="default", job="tests.noop", ref="waiting",
-                                reason=DeferReason.CONCURRENCY_CAP, eligible_at=clock.now())
+    hold(envelope=Envelope(job="tests.noop", account=account.pk, ref="waiting"), queue="default",
+         reason=DeferReason.CONCURRENCY_CAP, eligible_at=clock.now())
 
     with django_capture_on_commit_callbacks(execute=True):
         run = run_job("scheduling.reclaim_leases")

@@ -23,6 +23,8 @@ from config.logging import JsonFormatter
 from exports.models import ExportRecord, ExportStatus
 from scheduling.models import DeferReason, DeferredTask, Outcome, TaskRun, TaskRunDaily, WorkerHeartbeat
 from scheduling.registry import job
+from scheduling.envelope import Envelope
+from scheduling.holding import hold
 from scheduling.runtime import execute, send
 from tests.conftest import REPO, wait_for
 
@@ -70,8 +72,8 @@ def busy_system(account, other_account):
         ("h3", other_account, "default", DeferReason.CONCURRENCY_CAP),
         ("h4", account, "default", DeferReason.RETRY_BACKOFF),
     ]:
-        DeferredTask.objects.create(account=acct, queue=queue, job="tests.noop", ref=ref, reason=reason,
-                                    eligible_at=now)
+        hold(envelope=Envelope(job="tests.noop", account=acct.pk, ref=ref), queue=queue, reason=reason,
+             eligible_at=now)
 
     for i, (acct, job_name, queue, outcome, cpu, db, st, wall) in enumerate([
         (account, "exports.build", "exports", Outcome.SUCCEEDED, 1500, 700, 300, 4000),

@@ -1,10 +1,12 @@
-"""A pool whose workers beat but do no work is unhealthy.
+"""A pool whose workers beat but do no work is unhealthy, and ends itself so its supervisor starts
+it again.
 
 An idle django-q2 worker waits for its next task holding the pool's task-queue read lock; SIGKILL
 it there and the lock is never given back: the worker django-q2 starts in its place, and every
 other, wait for it forever (the upstream queue-lock issue), while their pulse threads keep
-writing heartbeats. /healthz and /metrics must see the stall by the work not done, and a restart
-of the pool (what the supervisor does on that 503) must bring the waiting export through.
+writing heartbeats. /healthz and /metrics must see the stall by the work not started, whether or
+not the message was fetched, and the pool must get itself restarted under a plain supervisor
+(scheduling.stuck), which brings the waiting export through.
 """
 import datetime as dt
 import os
@@ -21,9 +23,11 @@ from budgets.models import Account
 from exports.maintenance import reconcile_exports
 from exports.models import ExportRecord, ExportStatus
 from exports.requests import export_request
-from scheduling.models import TaskRun, WorkerHeartbeat
+from scheduling.models import Outcome, TaskRun, WorkerHeartbeat
+from scheduling.processes import Supervisor
+from scheduling.runtime import enqueue
 from tests.conftest import wait_for
-from tests.exports.support import RANGE, add_events, wait_finished
+from tests.exports.support import RANGE, add_events, wait_finished, wait_runs_settled
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -64,7 +68,8 @@ def test_a_stalled_pool_is_unhealthy_and_a_restart_runs_its_work(account, owner,
                             message=f"/healthz to see the stall; log:\n{cluster.log()}")
     assert status == 503
     problem = body["checks"]["workers:exports"]
-    assert problem.startswith("stalled: messages wait") and "restart the pool" in problem, problem
+    # Seen from outside (messages wait in the broker) and by the pool itself (work waits in it).
+    assert problem.startswith("stalled: ") and "restart the pool" in problem, problem
     # The other queue is judged on its own (no worker was started for it here).
     assert body["checks"]["workers:default"].startswith("no worker heard from")
     assert stalled_metric().endswith(" 1.0")
@@ -85,6 +90,90 @@ def test_a_stalled_pool_is_unhealthy_and_a_restart_runs_its_work(account, owner,
     wait_for(lambda: healthz()[1]["checks"]["workers:exports"] == "ok", timeout=30,
              message=f"/healthz to clear; log:\n{cluster.log()}")
     assert stalled_metric().endswith(" 0.0")
+
+
+# The pool's own view, fast: stalled after 10 s, ended after 15 s. A short `retry` (above the
+# timeout, as scheduling.E001 wants) stands in for the reconciler, which re-sends a queued export
+# only on its minute tick: the messages the stuck pool fetched come again to the new pool.
+SELF_HEALING = {**POOL, "FAIRSHARE_EXPORT_WORKERS": "2", "FAIRSHARE_QUEUE_STALL_AFTER_S": "10",
+                "FAIRSHARE_STALLED_POOL_EXIT_AFTER_S": "15", "FAIRSHARE_EXPORT_TIMEOUT": "20",
+                "FAIRSHARE_EXPORT_RETRY": "30", "FAIRSHARE_EXPORT_ATTEMPT_DEADLINE": "15"}
+STALL_AFTER_S, EXIT_AFTER_S = 10, 15
+MAX_KILLS = 12  # each kill of an idle worker of two stalls the pool with odds of one in two
+
+
+def live_pids(cluster) -> set[int]:
+    """Worker processes of this cluster that are alive (by heartbeat, then by their session)."""
+    pids = set()
+    for pid in exports_workers():
+        try:
+            if os.getsid(pid) == cluster.pid:
+                pids.add(pid)
+        except ProcessLookupError:
+            pass
+    return pids
+
+
+def probe_runs(account, n: int) -> bool:
+    """Whether a tiny exports job sent now starts within a few seconds."""
+    ref = f"0/probe-{n}"
+    enqueue(job="tests.hold_exports_worker", account=account.pk, ref=ref)
+    deadline = time.monotonic() + 8
+    while time.monotonic() < deadline:
+        if TaskRun.objects.filter(ref=ref).exists():
+            return True
+        time.sleep(0.2)
+    return False
+
+
+@pytest.mark.processes
+def test_a_stalled_pool_ends_itself_and_its_supervisor_brings_the_export_through(account, owner, start_cluster,
+                                                                                 settings):
+    add_events(account, 100)
+    Account.objects.filter(pk=account.pk).update(plan="enterprise")
+    settings.FAIRSHARE = {**settings.FAIRSHARE, "QUEUE_STALL_AFTER_S": STALL_AFTER_S}
+    supervisor = Supervisor(lambda: start_cluster("exports", **SELF_HEALING))
+    try:
+        first = supervisor.cluster
+        wait_for(lambda: len(live_pids(first)) == 2, timeout=60, message=f"two workers; log:\n{first.log()}")
+        # SIGKILL idle workers one at a time (django-q2 starts one in each's place) until one of
+        # them held the queue's read lock: then a job sent does not start.
+        for kill in range(MAX_KILLS):
+            assert probe_runs(account, kill), f"the pool stalled before any kill; log:\n{first.log()}"
+            time.sleep(1)  # the probe's worker back to waiting for the next task
+            running = TaskRun.objects.filter(outcome=Outcome.RUNNING).values_list("worker", flat=True)
+            idle = live_pids(first) - {int(worker.rsplit(":", 1)[1]) for worker in running}
+            before = live_pids(first)
+            os.kill(sorted(idle)[0], signal.SIGKILL)
+            wait_for(lambda before=before: live_pids(first) - before, timeout=30,
+                     message=f"a worker in its place; log:\n{first.log()}")
+            if not probe_runs(account, 100 + kill):
+                break
+        else:
+            pytest.fail(f"{MAX_KILLS} kills of idle workers did not stall the pool")
+        requested = time.monotonic()
+        (record, _) = export_request(account_slug="acme", user=owner, **RANGE, idempotency_key="after-the-stall")
+
+        # Seen within the threshold: the stuck pool fetched everything sent to it, and says so itself.
+        status, body = wait_for(lambda: (r := healthz())[1]["checks"]["workers:exports"] != "ok" and r,
+                                timeout=STALL_AFTER_S + 30, message=f"/healthz to see the stall; log:\n{first.log()}")
+        assert status == 503 and body["checks"]["workers:exports"].startswith("stalled: work has waited"), body
+        assert stalled_metric().endswith(" 1.0")
+        assert supervisor.exits == [] and first.alive()  # said before the pool ends itself
+        # The pool ends itself (non-zero: its main PID SIGKILLed), the supervisor starts it again,
+        # and the export runs once, within the stall threshold and a minute of being requested.
+        wait_for(lambda: supervisor.exits, timeout=EXIT_AFTER_S + 30, message=f"the pool to exit; log:\n{first.log()}")
+        assert supervisor.exits[0] != 0
+        assert "pool stuck" in first.log()
+        assert wait_finished(record, supervisor.cluster, timeout=STALL_AFTER_S + 60 - (time.monotonic() - requested)
+                             ).status == ExportStatus.SUCCEEDED
+        assert wait_runs_settled(record, supervisor.cluster).count(Outcome.SUCCEEDED) == 1
+        wait_for(lambda: healthz()[1]["checks"]["workers:exports"] == "ok", timeout=30,
+                 message=f"/healthz to clear; log:\n{supervisor.cluster.log()}")
+        assert stalled_metric().endswith(" 0.0")
+        assert supervisor.exits == [supervisor.exits[0]]  # the new pool works: it does not end itself
+    finally:
+        supervisor.stop()
 
 
 @pytest.mark.parametrize("since_sent, fetched, expected", [

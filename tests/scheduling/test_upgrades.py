@@ -1,12 +1,14 @@
 """Rolling upgrades: a message of an envelope version newer than the worker speaks is parked in the
 holding area ("needs a newer worker"), never rejected or dropped, and runs once a worker that
 speaks it is up. Producers send FAIRSHARE["ENVELOPE_VERSION"]."""
+import datetime as dt
+
 import pytest
 from django.db import connection, transaction
 from django_q.tasks import async_task
 
 from budgets.models import Role
-from scheduling import holding
+from scheduling import clock, holding, sql
 from scheduling.actions import release_held
 from scheduling.envelope import VERSION
 from scheduling.models import DeferReason, DeferredTask, Outcome, TaskRun
@@ -93,7 +95,7 @@ def test_a_worker_that_speaks_the_version_sends_it_back_unchanged(account, setti
 
 def test_producers_send_the_configured_envelope_version(settings, monkeypatch):
     captured = []
-    monkeypatch.setattr("scheduling.runtime.async_task", lambda func, message, **kw: captured.append(message))
+    monkeypatch.setattr("scheduling.broker.async_task", lambda func, message, **kw: captured.append(message))
     send(job="tests.noop", account=1, ref="a")
     speaks(settings, NEWER)
     settings.FAIRSHARE = {**settings.FAIRSHARE, "ENVELOPE_VERSION": NEWER}
@@ -162,14 +164,17 @@ def test_an_operator_release_of_parked_work_says_it_needs_a_newer_worker(account
 
 
 def test_a_parked_message_is_never_claimed_to_run_in_place_only_sent_back(account, settings):
-    # Claims (hand-off, pull) rebuild a v1 envelope from job/account/ref; a parked message must
-    # go back to the broker exactly as it came instead.
+    # Claims (hand-off, pull) rebuild an envelope from job/account/ref; a parked message must go
+    # back to the broker exactly as it came instead: it is never in its account's line. Both forms
+    # of the claim: the kernel's ORM one (the portable ledger's) and its SQL (the PostgreSQL ledger's).
     execute(newer("tests.noop", account.pk, "r-1"))
     speaks(settings, NEWER)
 
-    with transaction.atomic(), connection.cursor() as cursor:
-        cursor.execute(*holding.claim_oldest_sql(account_id=account.pk, queue="default", worker="w:1", lease_s=30))
-        claimed = cursor.fetchone()
-
-    assert claimed is None
+    with transaction.atomic():
+        assert holding.claim(account_id=account.pk, queue="default", worker="w:1", lease_s=30) is None
+        with connection.cursor() as cursor:
+            now = clock.now()
+            cursor.execute(sql.claim(), {"account_id": account.pk, "queue": "default", "worker": "w:1", "now": now,
+                                         "claim_expires_at": now + dt.timedelta(seconds=30)})
+            assert cursor.fetchone() is None
     assert DeferredTask.objects.get().claimed_by == ""

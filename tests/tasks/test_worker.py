@@ -14,8 +14,9 @@ from django.utils import timezone
 from django_q.models import Task as DjangoQTask
 
 from budgets import clock
+from budgets.adjust import budget_adjust
 from budgets.models import Budget, UsageDay
-from budgets.services import reclaim_expired
+from budgets.reclaim import reclaim_expired
 from scheduling.models import DeferReason, DeferredTask, Outcome, TaskRun
 from scheduling.testing import TEST_SIGNAL_LOG
 from tasks.compat import TaskResultDoesNotExist, TaskResultStatus, default_task_backend
@@ -209,7 +210,7 @@ def test_an_account_at_its_cap_holds_django_tasks_like_any_other_work(account, w
     assert (first.status, second.status) == (TaskResultStatus.SUCCESSFUL, TaskResultStatus.SUCCESSFUL)
 
 
-def test_an_account_out_of_budget_holds_django_tasks_until_it_has_budget(account, other_account, workers):
+def test_an_account_out_of_budget_holds_django_tasks_until_it_has_budget(account, other_account, owner, workers):
     budget = Budget.objects.create(account=account, queue="default", cpu_seconds_per_day=1, max_concurrent=2)
     UsageDay.objects.create(account=account, queue="default", day=clock.budget_day(), cpu_used_ms=1000)
     result = f.meaning_of_life.enqueue(account=account)
@@ -220,10 +221,8 @@ def test_an_account_out_of_budget_holds_django_tasks_until_it_has_budget(account
     finished(f.meaning_of_life.enqueue(account=other_account), cluster)
     assert status_of(result) == TaskResultStatus.READY and not TaskRun.objects.filter(ref=result.id).exists()
 
-    budget.cpu_seconds_per_day = 3600
-    budget.save()
-    DeferredTask.objects.filter(pk=held.pk).update(eligible_at=timezone.now())  # as if tomorrow had come
-    assert finished(result, cluster).return_value == 42
+    assert budget_adjust(user=owner, budget_id=budget.pk, cpu_seconds_per_day=3600, today_only=True).ok
+    assert finished(result, cluster).return_value == 42  # released by a worker's pulse
 
 
 @pytest.mark.parametrize("broker", ["orm", "redis"], indirect=True)

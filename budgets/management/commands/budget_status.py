@@ -2,36 +2,44 @@ import json
 
 from django.core.management.base import BaseCommand, CommandError
 
-from budgets.models import Account
+from budgets.models import Account, Budget
 from budgets.selectors import budget_status
+
+TOP = 50
 
 
 class Command(BaseCommand):
     help = ("Today's budget per account and queue: CPU limit, used, reserved, remaining; running tasks, "
             "tasks sent to the broker and not started (each holds a slot too) and held tasks; and when "
-            "the budget day resets.")
+            f"the budget day resets. Without --account: the {TOP} budgets that used the most CPU today "
+            "(--top N for another number, --all for every account, by slug).")
 
     def add_arguments(self, parser):
         parser.add_argument("--account", help="only this account (slug)")
+        parser.add_argument("--top", type=int, default=TOP, help=f"how many budgets, by CPU used today (default {TOP})")
+        parser.add_argument("--all", action="store_true", help="every account's budgets, by slug")
         parser.add_argument("--json", action="store_true", help="print JSON")
 
-    def handle(self, *, account, **options):
+    def handle(self, *, account, top, **options):
         accounts = Account.objects.all()
         if account:
             accounts = accounts.filter(slug=account)
             if not accounts.exists():
                 raise CommandError(f"No account {account!r}.")
-        rows = budget_status(accounts=accounts)
+        if top < 1:
+            raise CommandError("--top must be at least 1.")
+        rows = budget_status(accounts=accounts, top=None if account or options["all"] else top)
         if options["json"]:
             self.stdout.write(json.dumps([
                 {"account": r.account, "queue": r.queue, "day": r.day.isoformat(),
                  "cpu_limit_ms": r.cpu_limit_ms, "cpu_used_ms": r.cpu_used_ms, "cpu_reserved_ms": r.cpu_reserved_ms,
-                 "cpu_remaining_ms": r.cpu_remaining_ms, "running": r.running, "sent": r.sent, "max_concurrent": r.max_concurrent,
-                 "held": r.held, "next_reset": r.next_reset.isoformat()}
+                 "cpu_remaining_ms": r.cpu_remaining_ms, "running": r.running, "sent": r.sent,
+                 "max_concurrent": r.max_concurrent, "held": r.held, "next_reset": r.next_reset.isoformat()}
                 for r in rows
             ], indent=2))
             return
-        header = f"{'account':<16} {'queue':<8} {'limit s':>9} {'used s':>9} {'reserved s':>10} {'left s':>9} {'running':>9} {'sent':>6} {'held':>6}"
+        header = (f"{'account':<16} {'queue':<8} {'limit s':>9} {'used s':>9} {'reserved s':>10} {'left s':>9} "
+                  f"{'running':>9} {'sent':>6} {'held':>6}")
         self.stdout.write(header)
         for r in rows:
             self.stdout.write(
@@ -41,3 +49,6 @@ class Command(BaseCommand):
             )
         if rows:
             self.stdout.write(f"budget day {rows[0].day}, next reset {rows[0].next_reset:%Y-%m-%d %H:%M %Z}")
+        total = Budget.objects.filter(account__in=accounts).count()
+        if len(rows) < total:
+            self.stdout.write(f"the {len(rows)} of {total} budgets that used the most CPU today (--all for every one)")

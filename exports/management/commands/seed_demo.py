@@ -9,7 +9,7 @@ from django.utils import timezone
 from tqdm import tqdm
 
 from budgets.models import Account, ApiToken, Membership, Plan, Role
-from budgets.services import budgets_ensure_defaults
+from budgets.plans import budgets_ensure_defaults
 from exports.models import ActivityEvent
 from exports.sample_data import add_activity
 

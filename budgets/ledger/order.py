@@ -1,0 +1,53 @@
+"""The fair order: which accounts' held work a free worker (or the pulse) takes next, and whether
+work sent to the broker waits for a worker first. The portable forms (the ORM); the PostgreSQL
+ledger writes `ready_accounts` as one statement of its own.
+
+Cost, as held jobs and accounts grow: the Backlog rows of the accounts whose line could go now
+(index backlog_ready, never the blocked ones, never the held jobs), each one's Budget, slots and
+first held job; `broker_waiting` the slots sent more than a moment ago (index reservation_age).
+"""
+import datetime as dt
+
+from django.db.models import Count, Exists, F, IntegerField, OuterRef, Subquery, Value
+from django.db.models.functions import Coalesce
+from django.utils import timezone
+
+from budgets.models import Budget, Reservation, ReservationStatus
+from scheduling import holding, pausing
+from scheduling.models import Backlog, DeferredTask
+
+IN_FLIGHT = (ReservationStatus.DISPATCHED, ReservationStatus.ACTIVE)
+# A claimant yields to the broker when a job sent to the broker on its queue has waited this long
+# without starting: every worker is busy, and one that kept running held work would leave it
+# waiting. About two polls of FAIRSHARE_POLL's default, so a message an idle worker is about to
+# fetch does not count.
+BROKER_WAIT_YIELD_S = 0.25
+
+
+class FairOrder:
+    def ready_accounts(self, *, queue: str | None, now: dt.datetime, limit: int | None = None) -> list[tuple[int, str]]:
+        """(account, queue) of accounts whose line could go now (holding.ready, not paused) and that
+        have a free slot, in fair order: fewest slots in use first, then the one whose first held
+        job has waited longest in line (max-min fair)."""
+        in_flight = (Reservation.objects.filter(account_id=OuterRef("account_id"), queue=OuterRef("queue"),
+                                                status__in=IN_FLIGHT)
+                     .values("account_id").annotate(n=Count("pk")).values("n"))
+        cap = Budget.objects.filter(account_id=OuterRef("account_id"), queue=OuterRef("queue")).values("max_concurrent")
+        head = (DeferredTask.objects.filter(account_id=OuterRef("account_id"), queue=OuterRef("queue"),
+                                            in_line_since__isnull=False)
+                .order_by(*holding.LINE_ORDER).values("in_line_since")[:1])
+        ready = (Backlog.objects.filter(holding.ready(now), **({"queue": queue} if queue else {}))
+                 .exclude(pausing.covering_backlog())
+                 .annotate(in_flight=Coalesce(Subquery(in_flight, output_field=IntegerField()), Value(0)),
+                           cap=Subquery(cap), head=Subquery(head))
+                 .filter(in_flight__lt=F("cap")).order_by("in_flight", "head"))
+        return list(ready.values_list("account_id", "queue")[:limit])
+
+    def broker_waiting(self, *, queue: str) -> bool:
+        """Whether a job sent to the broker on the queue has waited BROKER_WAIT_YIELD_S without
+        starting (a claimed job's slot is not one: its held row is still there)."""
+        since = timezone.now() - dt.timedelta(seconds=BROKER_WAIT_YIELD_S)
+        held = DeferredTask.objects.filter(job=OuterRef("job"), ref=OuterRef("ref"))
+        return Reservation.objects.filter(queue=queue, status=ReservationStatus.DISPATCHED, created_at__lt=since) \
+            .exclude(Exists(held)).exists()
+

@@ -1,0 +1,235 @@
+"""The PostgreSQL ledger's statements (budgets.ledger.postgresql uses them), with named parameters.
+Times: `now` is the kernel's clock (scheduling.clock: the holding area's times, which tests may
+shift), the slots' own times (`created_at`, leases) are the wall clock's.
+
+Each rule is one function here, used by every statement that needs it; the kernel's tables come
+in through scheduling.sql and scheduling.services (`task_run_*_sql`), never written here. Above
+each statement: what it reads as held jobs, accounts and history grow (tests EXPLAIN them on large
+tables: tests/budgets/test_statement_cost.py).
+"""
+from budgets.models import Budget, Reservation, ReservationStatus, UsageDay
+from scheduling import sql
+
+B, U, R = Budget._meta.db_table, UsageDay._meta.db_table, Reservation._meta.db_table
+ACTIVE, DISPATCHED = f"'{ReservationStatus.ACTIVE.value}'", f"'{ReservationStatus.DISPATCHED.value}'"
+
+
+# --- The rules ------------------------------------------------------------------------------------
+
+def unreserved(*, limit_s: str, usage: str) -> str:
+    """"Unreserved CPU" (ms): the daily limit (`limit_s`, CPU seconds) less what the usage row
+    `usage` (an alias, possibly of an outer join) records as used and reserved."""
+    return (f"(CAST({limit_s} AS BIGINT) * 1000 - COALESCE({usage}.cpu_used_ms, 0) "
+            f"- COALESCE({usage}.cpu_reserved_ms, 0))")
+
+
+def slots(*, account: str, queue: str, statuses: tuple[str, ...] = (DISPATCHED, ACTIVE), but: str = "NULL") -> str:
+    """How many of the account's slots on the queue are in `statuses` (taken: dispatched or
+    running; running: ACTIVE), leaving out the slot whose id `but` gives. Reads the account's slots
+    (index reservation_slots): bounded by its cap, not by its held work."""
+    return (f"(SELECT COUNT(*) FROM {R} x WHERE x.account_id = {account} AND x.queue = {queue} "
+            f"AND x.status IN ({', '.join(statuses)}) AND x.id IS DISTINCT FROM {but})")
+
+
+def running(*, account: str, queue: str, but: str = "NULL") -> str:
+    return slots(account=account, queue=queue, statuses=(ACTIVE,), but=but)
+
+
+def broker_waiting() -> str:
+    """"A job sent to the broker on the queue waits for a worker": a dispatched slot older than
+    the yield threshold whose job is not held (a claimed job's slot is not one). Reads the queue's
+    dispatched slots (index reservation_dispatched). Parameters: queue, broker_since."""
+    return (f"EXISTS (SELECT 1 FROM {R} w WHERE w.queue = %(queue)s AND w.status = {DISPATCHED} "
+            f"AND w.created_at < %(broker_since)s AND NOT {sql.is_held(job='w.job', ref='w.ref')})")
+
+
+# --- The statements -------------------------------------------------------------------------------
+
+# The lock: a write that changes nothing, so that the row gets a new version (xmin) each time it is
+# locked, which the admission without the lock checks (ADMIT_AT_ONCE). One row by its unique key.
+LOCK = f"UPDATE {B} SET max_concurrent = max_concurrent WHERE account_id = %(account_id)s AND queue = %(queue)s RETURNING 1"
+LOCK_SKIP_LOCKED = (f"UPDATE {B} SET max_concurrent = max_concurrent WHERE id = (SELECT id FROM {B} "
+                    "WHERE account_id = %(account_id)s AND queue = %(queue)s FOR UPDATE SKIP LOCKED) RETURNING 1")
+
+# The account's standing (budgets.standing.Standing): its Budget and day's usage by unique key, the
+# job's own slot by (job, ref) in the slots' index, the slots taken (only for a job without a slot
+# of its own: CASE evaluates the count only then), its Backlog row, the pauses, its claim by (job, ref).
+STANDING = f"""
+SELECT b.cpu_seconds_per_day, b.max_concurrent, u.id, COALESCE(u.cpu_used_ms, 0), COALESCE(u.cpu_reserved_ms, 0),
+       CASE WHEN o.id IS NULL THEN {slots(account='b.account_id', queue='b.queue')} END,
+       {running(account='b.account_id', queue='b.queue')},
+       {sql.in_line(account='b.account_id', queue='b.queue')}, {sql.blocked(account='b.account_id', queue='b.queue')}, o.id,
+       {sql.paused(account='b.account_id', queue='b.queue')}, {sql.claim_held()}
+  FROM {B} b
+  LEFT JOIN {U} u ON u.account_id = b.account_id AND u.queue = b.queue AND u.day = %(day)s
+  LEFT JOIN LATERAL (SELECT MIN(r.id) AS id FROM {R} r WHERE r.account_id = b.account_id AND r.queue = b.queue
+                        AND r.status = {DISPATCHED} AND r.job = %(job)s AND r.ref = %(ref)s) o ON TRUE
+ WHERE b.account_id = %(account_id)s AND b.queue = %(queue)s"""
+
+_SLOT_COLUMNS = ("account_id, queue, day, job, ref, status, lease_expires_at, created_at, worker, "
+                 "cpu_reserved_ms, cpu_reported_ms, cpu_charged_ms, task_run_id")
+
+# The enqueue check's common case, no lock: a dispatched slot for the job when its account has
+# budget left today, a free slot on the queue, nothing in line there and no slot of the job's own.
+# Reads the account's Budget, usage row, slots and Backlog row.
+DISPATCH_IF_FREE = f"""
+INSERT INTO {R} ({_SLOT_COLUMNS})
+SELECT b.account_id, b.queue, %(day)s::date, %(job)s::varchar, %(ref)s::varchar, {DISPATCHED}, %(lease)s::timestamptz,
+       %(created_at)s::timestamptz, '', 0, 0, 0, NULL
+  FROM {B} b LEFT JOIN {U} u ON u.account_id = b.account_id AND u.queue = b.queue AND u.day = %(day)s
+ WHERE b.account_id = %(account_id)s AND b.queue = %(queue)s
+   AND {unreserved(limit_s='b.cpu_seconds_per_day', usage='u')} > 0
+   AND b.max_concurrent > {slots(account='b.account_id', queue='b.queue')}
+   AND NOT {sql.in_line(account='b.account_id', queue='b.queue')}
+   AND NOT EXISTS (SELECT 1 FROM {R} r WHERE r.account_id = b.account_id AND r.queue = b.queue
+                      AND r.status = {DISPATCHED} AND r.job = %(job)s AND r.ref = %(ref)s)
+RETURNING id"""
+
+# The admission's common case without taking the lock first (a job sent with a slot of its own,
+# its account below its cap on running jobs with a step left): it writes the account's Budget row
+# as the lock does (`b`), but only if the row is still the version its snapshot saw: every lock
+# holder writes that row, so a later version means one committed since (or, waited for, just did)
+# and whatever it counted is not in this snapshot; then nothing else happens. Holding that row to
+# its commit, it decides on counts as exact as under the lock: the running slots (`s`: only a lock
+# holder adds one; the lock-free settlement and pass-on never add to them), the own slot locked
+# (`o`), and the budget by a conditional UPDATE of the day's usage row, checked on its latest version
+# (`u`: the lock-free pass-on and RESERVE_IF_LEFT change it too). The run's record (`t`) and the
+# slot made active (`k`) follow only from `u`. Reads the account's Budget, slots and usage row.
+ADMIT_AT_ONCE = f"""
+WITH b AS (
+  UPDATE {B} SET max_concurrent = max_concurrent
+   WHERE account_id = %(account_id)s AND queue = %(queue)s
+     AND xmin = (SELECT xmin FROM {B} WHERE account_id = %(account_id)s AND queue = %(queue)s)
+  RETURNING account_id, queue, cpu_seconds_per_day, max_concurrent),
+o AS (
+  SELECT r.id FROM {R} r
+   WHERE r.id = (SELECT MIN(x.id) FROM {R} x WHERE x.account_id = %(account_id)s AND x.queue = %(queue)s
+                   AND x.status = {DISPATCHED} AND x.job = %(job)s AND x.ref = %(ref)s)
+     AND r.status = {DISPATCHED}
+  FOR UPDATE),
+s AS (
+  SELECT o.id AS own_id, b.cpu_seconds_per_day FROM b, o
+   WHERE {running(account='b.account_id', queue='b.queue')} < b.max_concurrent),
+u AS (
+  UPDATE {U} AS day_usage SET cpu_reserved_ms = day_usage.cpu_reserved_ms + %(reserve_ms)s FROM s
+   WHERE day_usage.account_id = %(account_id)s AND day_usage.queue = %(queue)s AND day_usage.day = %(day)s
+     AND {unreserved(limit_s='s.cpu_seconds_per_day', usage='day_usage')} >= %(reserve_ms)s
+  RETURNING day_usage.id),
+t AS ({{run}}),
+k AS (
+  UPDATE {R} SET status = {ACTIVE}, day = %(day)s, worker = %(worker)s, cpu_reserved_ms = %(reserve_ms)s,
+         lease_expires_at = %(lease)s, task_run_id = (SELECT id FROM t)
+   WHERE id = (SELECT own_id FROM s) AND EXISTS (SELECT 1 FROM u)
+  RETURNING id, task_run_id)
+SELECT EXISTS (SELECT 1 FROM b), (SELECT id FROM k), (SELECT task_run_id FROM k),
+       {sql.paused(account='%(account_id)s', queue='%(queue)s')}"""
+
+# The admission under the lock (budgets.admission.admit, which read the standing): the CPU reserved
+# on the day's usage row, the run's record inserted (`t`) and a claimed job's claim completed (`k`),
+# its slot made ACTIVE (its own, or a new one). Rows by key.
+RESERVE = f"UPDATE {U} SET cpu_reserved_ms = cpu_reserved_ms + %(reserve_ms)s WHERE id = %(usage_id)s"
+ACTIVATE_OWN = (f"UPDATE {R} SET status = {ACTIVE}, day = %(day)s, worker = %(worker)s, "
+                "cpu_reserved_ms = %(reserve_ms)s, lease_expires_at = %(lease)s, task_run_id = {run_id} "
+                "WHERE id = %(own)s RETURNING id, task_run_id")
+ACTIVATE_NEW = (f"INSERT INTO {R} ({_SLOT_COLUMNS}) VALUES (%(account_id)s, %(queue)s, %(day)s, %(job)s, %(ref)s, "
+                f"{ACTIVE}, %(lease)s, %(created_at)s, %(worker)s, %(reserve_ms)s, 0, 0, {{run_id}}) RETURNING id, task_run_id")
+
+
+def charge(*, kept: str = "0") -> str:
+    """The settlement's charge of the deleted slot `r` to its day: its CPU (what a reclaim charged
+    already aside), giving back its reservation but `kept` (SQL: what a pass-on keeps for the next
+    job), its waits, and the run counted if it ran. The usage row by key."""
+    return f"""
+UPDATE {U} AS u
+   SET cpu_used_ms = u.cpu_used_ms + GREATEST(%(cpu_ms)s - r.cpu_charged_ms, 0),
+       cpu_reserved_ms = u.cpu_reserved_ms - CASE WHEN r.status = {ACTIVE} THEN r.cpu_reserved_ms ELSE 0 END + {kept},
+       runs = u.runs + CASE WHEN r.status = {ACTIVE} THEN 1 ELSE 0 END,
+       wall_ms = u.wall_ms + %(wall_ms)s, db_wait_ms = u.db_wait_ms + %(db_wait_ms)s,
+       storage_wait_ms = u.storage_wait_ms + %(storage_wait_ms)s, cap_hits = u.cap_hits + %(cap_hits)s
+  FROM r WHERE u.account_id = %(account_id)s AND u.queue = %(queue)s AND u.day = r.day
+RETURNING u.id"""
+
+
+DELETE_SLOT = (f"DELETE FROM {R} WHERE id = %(slot_id)s "
+               "RETURNING task_run_id, day, status, cpu_reserved_ms, cpu_charged_ms, id")
+RUN_OF_R = "(SELECT task_run_id FROM r)"
+
+# The settlement, no lock (it only frees): the slot deleted (exactly once: no row, nothing charged),
+# its run charged and recorded (`t`), and whether the account has work in line and whether any
+# account of the queue could go now, read with it (Backlog, by key and by index backlog_ready).
+SETTLE = (f"WITH r AS ({DELETE_SLOT}), c AS ({charge()}), t AS ({{run_end}}) "
+          f"SELECT r.task_run_id, r.status, {sql.in_line(account='%(account_id)s', queue='%(queue)s')}, "
+          f"{sql.any_ready()} FROM r")
+
+# What a pass-on keeps of the run's reservation for the next job: what it did not use, at most a step.
+KEPT = "LEAST(r.cpu_reserved_ms - %(cpu_ms)s, %(step_ms)s)"
+# When a settlement may pass its slot on (the composer's condition on its own `r`, given to the
+# kernel's claim): a run of today that reserved from the day and left at least half a step, no
+# pause, fewer running than the cap (an operator may have lowered it), no job waiting in the broker.
+PASS_ON_IF = f"""EXISTS (SELECT 1 FROM r WHERE r.status = {ACTIVE} AND r.day = %(today)s AND r.cpu_charged_ms = 0
+                      AND r.cpu_reserved_ms - %(cpu_ms)s >= %(keep_at_least)s)
+  AND NOT {sql.paused(account='%(account_id)s', queue='%(queue)s')}
+  AND {running(account='%(account_id)s', queue='%(queue)s', but='(SELECT id FROM r)')}
+      < (SELECT max_concurrent FROM {B} WHERE account_id = %(account_id)s AND queue = %(queue)s)
+  AND NOT {broker_waiting()}"""
+
+# The settlement that passes its slot on, no lock: as SETTLE, and the first job of the account's
+# line claimed (`h`, the kernel's claim, on PASS_ON_IF), its slot inserted ACTIVE with KEPT of the
+# run's reservation (`n`) and its run's record (`s`); `c` gives back only the rest. Slots taken and
+# running, and used + reserved CPU, never grow (a slot goes, one comes; what is kept was reserved),
+# so nothing it does can pass a cap an admission under the lock checked. Reads as SETTLE, plus the
+# first unclaimed rows of the account's line (index deferred_line) and the queue's dispatched slots.
+SETTLE_AND_PASS_ON = (
+    f"WITH r AS ({DELETE_SLOT}), h AS ({sql.claim(only_if=PASS_ON_IF)}), "
+    f"c AS ({charge(kept=f'CASE WHEN EXISTS (SELECT 1 FROM h) THEN {KEPT} ELSE 0 END')}), "
+    "t AS ({run_end}), s AS ({new_run}), "
+    f"n AS (INSERT INTO {R} ({_SLOT_COLUMNS}) SELECT %(account_id)s::bigint, %(queue)s::varchar, r.day, h.job, "
+    f"h.ref, {ACTIVE}, %(slot_lease)s::timestamptz, %(created_at)s::timestamptz, %(worker)s::varchar, {KEPT}, 0, 0, "
+    "(SELECT id FROM s) FROM h, r "
+    "RETURNING job, ref, id, task_run_id, cpu_reserved_ms) "
+    f"SELECT r.task_run_id, r.status, {sql.in_line(account='%(account_id)s', queue='%(queue)s')}, {sql.any_ready()}, "
+    "n.job, n.ref, n.id, n.task_run_id, n.cpu_reserved_ms, (SELECT id FROM c), (SELECT priority FROM h) "
+    "FROM r LEFT JOIN n ON TRUE")
+
+# A hand-off under the lock (which read the standing): the first job of the account's line claimed
+# (`c`) and admitted ahead in the same statement: its run recorded (`t`), a step reserved (`u`), its
+# slot inserted ACTIVE on the claim's lease. Reads the first unclaimed rows of the line.
+CLAIM_AND_ADMIT = (
+    "WITH c AS ({claim}), t AS ({new_run}), "
+    f"u AS ({RESERVE} AND EXISTS (SELECT 1 FROM c) RETURNING 1) "
+    f"INSERT INTO {R} ({_SLOT_COLUMNS}) SELECT %(account_id)s::bigint, %(queue)s::varchar, %(day)s::date, c.job, "
+    f"c.ref, {ACTIVE}, %(slot_lease)s::timestamptz, %(created_at)s::timestamptz, %(worker)s::varchar, "
+    "%(reserve_ms)s::bigint, 0, 0, (SELECT id FROM t) FROM c "
+    "RETURNING job, ref, id, task_run_id, (SELECT priority FROM c)")
+# The same without admitting (the account may not start it now): a dispatched slot on the claim's lease.
+CLAIM_FOR = (
+    "WITH c AS ({claim}) "
+    f"INSERT INTO {R} ({_SLOT_COLUMNS}) SELECT %(account_id)s::bigint, %(queue)s::varchar, %(day)s::date, c.job, "
+    f"c.ref, {DISPATCHED}, %(slot_lease)s::timestamptz, %(created_at)s::timestamptz, '', 0, 0, 0, NULL FROM c "
+    "RETURNING job, ref, id, (SELECT priority FROM c)")
+
+# A job admitted ahead starts: its slot's lease becomes a running one's and its claim completes,
+# the latter only if the slot is still there. Two rows by key.
+START_ADMITTED = (f"WITH s AS (UPDATE {R} SET lease_expires_at = %(lease)s WHERE id = %(slot_id)s "
+                  f"AND status = {ACTIVE} RETURNING id) {sql.complete_claim(only_if='EXISTS (SELECT 1 FROM s)')}")
+
+# `ms` more for a slot admitted ahead, when its account has that much left unreserved (checked on
+# the usage row's latest version: two of these never reserve the same budget twice). Rows by key.
+RESERVE_IF_LEFT = f"""
+WITH u AS (UPDATE {U} u SET cpu_reserved_ms = u.cpu_reserved_ms + %(ms)s FROM {B} b
+            WHERE u.id = %(usage_id)s AND b.account_id = u.account_id AND b.queue = u.queue
+              AND {unreserved(limit_s='b.cpu_seconds_per_day', usage='u')} >= %(ms)s RETURNING 1)
+UPDATE {R} SET cpu_reserved_ms = cpu_reserved_ms + %(ms)s WHERE id = %(slot_id)s AND EXISTS (SELECT 1 FROM u)
+RETURNING 1"""
+
+# Accounts whose line on the queue could go now and that have a free slot, in fair order: fewest
+# slots in use first, then the one whose first held job has waited longest in line. Reads the
+# Backlog of the accounts whose line could go now (index backlog_ready), their Budget, slots and
+# first held job: O(accounts that could run), whatever is held.
+READY_ACCOUNTS = f"""
+SELECT c.account_id FROM (
+  SELECT k.account_id, k.head_since, b.max_concurrent, {slots(account='k.account_id', queue='%(queue)s')} AS in_flight
+    FROM ({sql.ready_accounts()}) k JOIN {B} b ON b.account_id = k.account_id AND b.queue = %(queue)s) c
+ WHERE c.in_flight < c.max_concurrent
+ ORDER BY c.in_flight, c.head_since
+ LIMIT %(limit)s"""

@@ -1,0 +1,89 @@
+"""The reclaim (`scheduling.reclaim_leases`, every minute): slots whose lease expired are given back.
+
+- a running slot whose watcher stopped renewing it (its worker died, or froze): the CPU it had
+  reported is charged (or what its run recorded, when the run finished but could not settle), its
+  run is marked lost, slot and reservation go back (ledger `reclaim`: RECLAIMED). A run that was
+  only slow settles later for the rest, and one that wakes from a freeze finds its slot gone
+  (budgets.running.reservation_renew) and stops;
+- a job admitted ahead with its claim whose worker stopped before starting it: the admission is
+  undone (`unadmit`), its run recorded skipped, nothing charged;
+- a dispatched slot whose message never started within FAIRSHARE["DISPATCH_LEASE_S"] (a lost
+  broker message): given back, and its job waits in the holding area (`message_lost`) to be sent
+  again, so a lost message costs latency, never the job.
+Each frees a slot: the account's line goes into it.
+
+What it reads: the slots whose lease expired (index reservation_lease), then each one's account.
+"""
+import datetime as dt
+
+from django.db import transaction
+from django.utils import timezone
+
+from budgets import clock
+from budgets.admission import hold_and_wake
+from budgets.handoff import release
+from budgets.ledger import ledger
+from budgets.ledger.portable import IN_FLIGHT
+from budgets.locks import lock
+from budgets.models import Reservation, ReservationStatus
+from scheduling import holding
+from scheduling.envelope import Envelope
+from scheduling.models import DeferReason
+from scheduling.selectors import finished_run_cpu_ms
+from scheduling.services import task_run_mark_lost, task_run_mark_not_started
+
+
+def reclaim_expired() -> int:
+    """Give back the slots whose lease expired (see the module's docstring); returns how many."""
+    reclaimed = 0
+    expired = Reservation.objects.filter(status__in=IN_FLIGHT, lease_expires_at__lt=timezone.now())
+    for account_id, queue, pk in expired.values_list("account_id", "queue", "pk"):
+        with transaction.atomic():
+            day = clock.budget_day()
+            lock(account_id=account_id, queue=queue)
+            # Its row locked: a settlement (which takes no Budget lock) of a run that was only slow
+            # then waits for the reclaim and charges what the reclaim did not, or went first.
+            slot = Reservation.objects.select_for_update().filter(
+                pk=pk, status__in=IN_FLIGHT, lease_expires_at__lt=timezone.now()).first()
+            if slot is None or not _give_back(slot):
+                continue  # it settled, started or renewed meanwhile
+            state = ledger().standing(account_id=account_id, queue=queue, day=day)
+            release(account_id=account_id, queue=queue, state=state, limit=1, day=day)
+            reclaimed += 1
+    # A reclaimed run that really died never settles; forget it after a day.
+    Reservation.objects.filter(
+        status=ReservationStatus.RECLAIMED, lease_expires_at__lt=timezone.now() - dt.timedelta(days=1)).delete()
+    return reclaimed
+
+
+def _give_back(slot: Reservation) -> bool:
+    """Under the lock, the slot locked: give it back as its state says; False when it started
+    meanwhile."""
+    if slot.status == ReservationStatus.DISPATCHED:
+        ledger().drop(slot_id=slot.pk)  # if the message turns up after all, admission checks it again
+        hold_and_wake(envelope=Envelope(job=slot.job, account=slot.account_id, ref=slot.ref), queue=slot.queue,
+                      reason=DeferReason.MESSAGE_LOST, eligible_at=clock.now())
+        return True
+    if holding.claim_held(job=slot.job, ref=slot.ref, worker=slot.worker):
+        # Admitted ahead with its claim, and its worker stopped before it started: undone, its
+        # run skipped; the job, whose claim expired with the slot, is released by the caller.
+        run_id = ledger().unadmit(slot_id=slot.pk, account_id=slot.account_id, queue=slot.queue,
+                                  expired_before=timezone.now())
+        if run_id is None:
+            return False
+        task_run_mark_not_started(run_id=run_id, reason="handed off to a worker that stopped before starting it")
+        return True
+    charge = _reclaim_charge(slot)
+    ledger().reclaim(slot_id=slot.pk, account_id=slot.account_id, queue=slot.queue, day=slot.day,
+                     reserved_ms=slot.cpu_reserved_ms, charge_ms=charge)
+    if slot.task_run_id:
+        task_run_mark_lost(run_id=slot.task_run_id, cpu_ms=charge,
+                           reason="the run stopped renewing its lease (its worker died)")
+    return True
+
+
+def _reclaim_charge(slot: Reservation) -> int:
+    """What a reclaimed run is charged: the CPU its TaskRun recorded when the run finished but could
+    not settle (its connection was gone), else the CPU it last reported (its worker died)."""
+    recorded = finished_run_cpu_ms(run_id=slot.task_run_id) if slot.task_run_id else None
+    return max(slot.cpu_reported_ms, recorded or 0)

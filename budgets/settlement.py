@@ -1,0 +1,125 @@
+"""Settlement: after a run, charge what it measured, free its slot and its reservation, record how
+it ended on its run, and give the freed slot to the account's next held job.
+
+Exactly once: the slot is deleted by the charge, and a second settlement finds nothing (None).
+The charge takes no lock (it only frees, budgets.ledger.postgresql says why that is safe); only
+when work is in the account's line (seen by the charge, or by a look once it committed) does the
+settlement take the lock to hand the slot on. A job put on hold meanwhile is not missed: a hold
+that waits for a slot or budget looks again once it committed (budgets.admission
+.wake_when_committed), and of the two looks, each after its own commit, one sees the other's.
+"""
+import datetime as dt
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from django.db import transaction
+
+from budgets import clock, standing
+from budgets.admission import hold_and_wake
+from budgets.handoff import hand_off, passed_on, release, release_locked
+from budgets.ledger import Claimed, PassOn, ledger
+from budgets.locks import lock, locked_standing
+from budgets.standing import Standing
+from scheduling import holding
+from scheduling.envelope import Envelope
+from scheduling.faults import fault_point
+from scheduling.metering import Meter
+from scheduling.models import DeferReason
+from scheduling.services import RunEnd
+
+
+@dataclass(frozen=True)
+class Settled:
+    """What a settlement did with the freed slot."""
+
+    handed_to: Claimed | None = None  # the held job claimed for the settling worker, to run next
+    waiting: bool = True  # some account's held work on the queue may wait for a worker (False: a pull finds none)
+
+
+def settle(
+    *, slot_id: int, account_id: int, queue: str, meter: Meter, outcome: str | None = None, items: int = 0,
+    error: BaseException | None = None, cap_hit: bool = False, slot_lost: bool = False,
+    envelope: Envelope | None = None, hand_to: str | None = None, from_line: bool = False,
+    look_later: Callable[..., None] | None = None,
+) -> Settled | None:
+    """Settle a run (see the module's docstring); None when it was settled already. Its run's
+    record gets the metered figures and, with `outcome` (the chain knows how it ended), how it
+    ended (`items`, a redacted `error`).
+
+    A run stopped by the cap (`cap_hit`, with its `envelope`) waits in the holding area: for the
+    next budget day, or for budget its account's other runs give back; one stopped because its
+    slot was lost (`slot_lost`: reclaimed while its worker was frozen) waits for a slot. The freed slot goes to the
+    first job of the account's line: claimed for worker `hand_to` when given (returned, to run next
+    in that worker), else released to the broker. A run that came from the line (`from_line`: its
+    account most likely has more there) asks the charge to pass its slot on in its own statement
+    (the PostgreSQL ledger does, when it may). With `look_later` (a worker's watcher, which makes
+    the look for the settlements since its last tick) the settlement's look after its commit is
+    left to it: it only matters for a hold that committed while the charge ran, and waits a tick.
+    """
+    now = clock.now()
+    day = clock.budget_day(now)
+    end = RunEnd(meter=meter, outcome=outcome, items=items, error=error)
+    if (cap_hit or slot_lost) and envelope is not None:
+        return _settle_and_hold(slot_id=slot_id, account_id=account_id, queue=queue, meter=meter, end=end,
+                                cap_hit=cap_hit, envelope=envelope, hand_to=hand_to, now=now, day=day)
+    pass_on = PassOn(worker=hand_to, day=day, lease_s=standing.claim_lease_s()) if hand_to and from_line else None
+    # The run is recorded as finished in the statement that frees its slot: before any run that
+    # takes the slot next is recorded as started.
+    charged = ledger().charge(slot_id=slot_id, account_id=account_id, queue=queue, meter=meter, cap_hit=cap_hit,
+                              end=end, now=now, pass_on=pass_on)
+    if charged is None:
+        return None
+    if charged.passed is not None:
+        fault_point("after_pass_on")
+        return Settled(handed_to=passed_on(charged.passed))
+    handed_to = None
+    if charged.was_active and not charged.in_line and look_later is not None:
+        look_later(account_id=account_id, queue=queue)
+    elif charged.was_active and (charged.in_line or holding.in_line(account_id=account_id, queue=queue)):
+        with transaction.atomic():
+            state = locked_standing(account_id=account_id, queue=queue, day=day)
+            handed_to = _hand_on(account_id=account_id, queue=queue, state=state, day=day, hand_to=hand_to)
+    return Settled(handed_to=handed_to, waiting=charged.waiting or handed_to is not None)
+
+
+def _settle_and_hold(*, slot_id: int, account_id: int, queue: str, meter: Meter, end: RunEnd, cap_hit: bool,
+                     envelope: Envelope, hand_to: str | None, now: dt.datetime, day: dt.date) -> Settled | None:
+    """A run stopped before its job was done (by the cap, or its slot lost): its charge, its job's
+    hold and the freed slot's hand-off in one transaction, under the lock."""
+    with transaction.atomic():
+        lock(account_id=account_id, queue=queue)
+        charged = ledger().charge(slot_id=slot_id, account_id=account_id, queue=queue, meter=meter, cap_hit=cap_hit,
+                                  end=end, now=now)
+        if charged is None:
+            return None
+        state = ledger().standing(account_id=account_id, queue=queue, day=day)
+        if not cap_hit:
+            reason, eligible_at = DeferReason.CONCURRENCY_CAP, now  # its slot went to another: it waits for one
+        elif state.unreserved_ms > 0:  # its account's other runs left some: it may go on with that
+            reason, eligible_at = DeferReason.BUDGET_RESERVED, now
+        else:
+            reason, eligible_at = standing.out_of_budget(state, now)
+        hold_and_wake(envelope=envelope, queue=queue, reason=reason, eligible_at=eligible_at)
+        state = ledger().standing(account_id=account_id, queue=queue, day=day)  # with the job it held
+        handed_to = _hand_on(account_id=account_id, queue=queue, state=state, day=day, hand_to=hand_to) \
+            if charged.was_active else None
+    return Settled(handed_to=handed_to, waiting=charged.waiting or handed_to is not None)
+
+
+def _hand_on(*, account_id: int, queue: str, state: Standing, day: dt.date, hand_to: str | None) -> Claimed | None:
+    """Under the lock: a freed slot goes to the first job of the account's line, claimed for worker
+    `hand_to` (returned) when given, else released to the broker."""
+    handed_to = None
+    if hand_to is not None:
+        handed_to = hand_off(account_id=account_id, queue=queue, state=state, day=day, worker=hand_to)
+    if handed_to is None:
+        release(account_id=account_id, queue=queue, state=state, limit=1, day=day)
+    return handed_to
+
+
+def release_if_in_line(*, account_id: int, queue: str) -> int:
+    """A settlement's look after its commit, made later (`settle`'s `look_later`): when the account
+    has work in line on the queue, release what its free slots let go. Returns how many."""
+    if not holding.in_line(account_id=account_id, queue=queue):
+        return 0
+    return release_locked(account_id=account_id, queue=queue)

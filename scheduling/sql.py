@@ -1,0 +1,93 @@
+"""The kernel's tables in other apps' hand-written statements (budgets' PostgreSQL ledger): each
+function returns SQL over the kernel's own tables only, with named parameters (`%(name)s`, listed
+in its docstring), for the caller to place in a statement of its own. A caller passes in the SQL
+expressions a fragment needs from its statement (an account column, a condition on its own CTEs)
+as arguments: no fragment knows the caller's aliases, and the caller never writes the kernel's
+tables' SQL itself. The portable (ORM) forms of the same rules are scheduling.holding's.
+
+Cost, as held jobs and accounts grow (EXPLAINed in tests/scheduling/test_held_work_cost.py):
+`claim` reads the first unclaimed rows of one account's line (index deferred_line), `in_line` and
+`ready_accounts`/`any_ready` read Backlog (its unique key; index backlog_ready over the accounts
+whose line could go now), `complete_claim` and `claim_held` one row by (job, ref).
+"""
+from scheduling.models import Backlog, DeferredTask, Pause
+
+_DEFERRED = DeferredTask._meta.db_table
+_BACKLOG = Backlog._meta.db_table
+
+
+def claim(*, only_if: str = "TRUE") -> str:
+    """Claim the first job of an account's line for a worker, when the caller's condition `only_if`
+    holds: an UPDATE returning the claimed job's (job, ref, priority), or no row. SKIP LOCKED: two
+    claimants never take the same job and neither waits for the other.
+    Parameters: account_id, queue, worker, claim_expires_at, now."""
+    return f"""
+UPDATE {_DEFERRED} SET claimed_by = %(worker)s, claim_expires_at = %(claim_expires_at)s
+ WHERE id = (SELECT d.id FROM {_DEFERRED} d
+              WHERE d.account_id = %(account_id)s AND d.queue = %(queue)s AND d.in_line_since IS NOT NULL
+                AND (d.claim_expires_at IS NULL OR d.claim_expires_at < %(now)s) AND ({only_if})
+              ORDER BY d.priority DESC, d.in_line_since, d.id LIMIT 1 FOR UPDATE SKIP LOCKED)
+RETURNING job, ref, priority"""
+
+
+def complete_claim(*, only_if: str = "TRUE") -> str:
+    """The claimed job's run starts: it leaves the holding area if the claimant still holds its
+    claim and the caller's condition holds; returns a row when it did.
+    Parameters: job, ref, worker."""
+    return (f"DELETE FROM {_DEFERRED} WHERE job = %(job)s AND ref = %(ref)s AND claimed_by = %(worker)s "
+            f"AND ({only_if}) RETURNING 1")
+
+
+def claim_held() -> str:
+    """Whether a worker still holds its claim on a job (NULL `claimant`: no claim, matches nothing).
+    Parameters: job, ref, claimant."""
+    return (f"EXISTS (SELECT 1 FROM {_DEFERRED} c WHERE c.job = %(job)s AND c.ref = %(ref)s "
+            "AND c.claimed_by = %(claimant)s)")
+
+
+def in_line(*, account: str, queue: str) -> str:
+    """Whether the account (SQL expression `account`) has held work in its line on `queue`. Its one
+    Backlog row by its unique key (the condition is on the row, not in the WHERE, so that no
+    other index can look better). No parameters."""
+    return f"COALESCE((SELECT k.in_line > 0 FROM {_BACKLOG} k WHERE k.account_id = {account} AND k.queue = {queue}), FALSE)"
+
+
+def blocked(*, account: str, queue: str) -> str:
+    """Whether the account's line on `queue` waits for a time (its budget was spent). Its one
+    Backlog row by its unique key. Parameters: now."""
+    return (f"COALESCE((SELECT k.blocked_until > %(now)s FROM {_BACKLOG} k "
+            f"WHERE k.account_id = {account} AND k.queue = {queue}), FALSE)")
+
+
+def ready_accounts() -> str:
+    """The accounts whose line on a queue could go now: something in line, not blocked, not paused;
+    a SELECT of (account_id, head_since: when the first of its line joined it).
+    Parameters: queue, now."""
+    return f"""
+SELECT k.account_id,
+       (SELECT d.in_line_since FROM {_DEFERRED} d
+         WHERE d.account_id = k.account_id AND d.queue = k.queue AND d.in_line_since IS NOT NULL
+         ORDER BY d.priority DESC, d.in_line_since, d.id LIMIT 1) AS head_since
+  FROM {_BACKLOG} k
+ WHERE k.queue = %(queue)s AND k.in_line > 0 AND k.blocked_until <= %(now)s
+   AND NOT {paused(account="k.account_id", queue="k.queue")}"""
+
+
+def any_ready() -> str:
+    """Whether any account's line on a queue could go now (pause aside: a paused account's line
+    makes a free worker look, and find nothing). Parameters: queue, now."""
+    return (f"EXISTS (SELECT 1 FROM {_BACKLOG} k WHERE k.queue = %(queue)s AND k.in_line > 0 "
+            "AND k.blocked_until <= %(now)s)")
+
+
+def paused(*, account: str, queue: str) -> str:
+    """Whether a pause covers the account's work on the queue (SQL expressions `account`, `queue`):
+    the account's on every queue, the account's on this one, or the whole queue's
+    (scheduling.pausing). No parameters."""
+    return (f"EXISTS (SELECT 1 FROM {Pause._meta.db_table} p WHERE (p.account_id = {account} AND "
+            f"p.queue IN ('', {queue})) OR (p.account_id IS NULL AND p.queue = {queue}))")
+
+
+def is_held(*, job: str, ref: str) -> str:
+    """Whether the job (SQL expressions `job`, `ref`) is in the holding area. No parameters."""
+    return f"EXISTS (SELECT 1 FROM {_DEFERRED} h WHERE h.job = {job} AND h.ref = {ref})"

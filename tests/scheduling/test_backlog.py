@@ -1,0 +1,66 @@
+"""Backlog, the holding area counted per account and queue, is kept by database triggers in the
+statement that changes the holding area: whatever writes it (a hold, a batch of holds, a claim,
+lining up, a release, a cancellation, an account deleted), the counts are the rows."""
+import datetime as dt
+
+import pytest
+from django.db.models import Count, Q
+
+from budgets.models import Account
+from scheduling import clock, holding
+from scheduling.envelope import Envelope
+from scheduling.models import Backlog, DeferReason, DeferredTask
+
+pytestmark = pytest.mark.django_db
+
+
+def counted() -> dict:
+    """Each account's and queue's Backlog counts (rows that count nothing left out)."""
+    fields = ["held", "in_line", *DeferReason.values]
+    return {(b["account_id"], b["queue"]): b for b in Backlog.objects.values("account_id", "queue", *fields)
+            if b["held"]}
+
+
+def recounted() -> dict:
+    """The same counts, counted from the held rows themselves."""
+    rows = (DeferredTask.objects.filter(account__isnull=False).values("account_id", "queue")
+            .annotate(held=Count("pk"), in_line=Count("pk", filter=Q(in_line_since__isnull=False)),
+                      **{reason: Count("pk", filter=Q(reason=reason)) for reason in DeferReason.values}))
+    return {(r["account_id"], r["queue"]): r for r in rows}
+
+
+def test_every_reason_has_its_count():
+    assert set(DeferReason.values) <= {field.name for field in Backlog._meta.get_fields()}
+
+
+def test_the_counts_follow_every_change_of_the_holding_area(account, other_account):
+    now = clock.now()
+
+    def job(acct, ref, priority=0):
+        return Envelope(job="tests.noop", account=acct.pk, ref=ref, priority=priority)
+
+    holding.hold_many(envelopes=[job(account, f"a{i}") for i in range(3000)], queue="default",
+                      reason=DeferReason.QUEUED_BEHIND, eligible_at=now)  # one statement
+    holding.hold(envelope=job(account, "later"), queue="default", reason=DeferReason.RETRY_BACKOFF,
+                 eligible_at=now + dt.timedelta(minutes=5))
+    holding.hold(envelope=job(other_account, "b0"), queue="exports", reason=DeferReason.CONCURRENCY_CAP,
+                 eligible_at=now)
+    holding.hold(envelope=job(account, "a0"), queue="default", reason=DeferReason.PAUSED,
+                 eligible_at=now + dt.timedelta(days=1))  # held again: out of the line, another reason
+    holding.hold_scheduled(envelope=Envelope(job="tests.noop", account=None, ref="system"), queue="default",
+                           run_after=now + dt.timedelta(minutes=1))  # account-less: counted nowhere
+    assert counted() == recounted()
+    assert counted()[(account.pk, "default")]["in_line"] == 2999
+
+    holding.claim(account_id=account.pk, queue="default", worker="w", lease_s=30)  # a claim changes no count
+    assert holding.complete_claim(job="tests.noop", ref="a1", worker="w")
+    assert len(holding.release_first(account_id=account.pk, queue="default", limit=10)) == 10
+    holding.unhold(job="tests.noop", ref="a20")
+    holding.line_up_due(now + dt.timedelta(minutes=10))  # "later" joins the line, "system" is sent
+    assert counted() == recounted()
+    assert counted()[(account.pk, "default")]["retry_backoff"] == 1
+    assert DeferredTask.objects.get(ref="later").in_line_since is not None
+
+    Account.objects.filter(pk=other_account.pk).delete()
+    DeferredTask.objects.filter(account=account, ref__startswith="a1").delete()  # one statement, many rows
+    assert counted() == recounted()

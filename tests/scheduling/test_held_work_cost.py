@@ -1,0 +1,145 @@
+"""Held work costs nothing: every question asked about the holding area per task, per tick or per
+pull reads a bounded number of rows whatever it holds (SPEC §4 "Held work costs nothing"). With
+100,000 jobs held across 10,000 accounts (most of them out of budget until tomorrow, some jobs
+waiting for their own time, one account's long line), each statement is EXPLAIN ANALYZEd and the rows it reads from
+the holding area and its summary are counted: rows each scan returned plus those its filter
+removed, over all its loops. Both forms are checked where the ledgers differ: the kernel's SQL
+(the PostgreSQL ledger's statements) and its ORM queries (the portable ledger's)."""
+import datetime as dt
+import json
+
+import pytest
+from django.db import connection
+from django.test.utils import CaptureQueriesContext
+
+from budgets import clock as budget_clock
+from budgets.ledger import ledger, portable
+from budgets.ledger import statements as s
+from budgets.models import Account, Budget, UsageDay
+from scheduling import clock, holding, sql
+from scheduling.envelope import Envelope
+from scheduling.models import Backlog, DeferReason, DeferredTask
+from tests.factories import AccountFactory
+
+pytestmark = pytest.mark.django_db
+
+HELD_TABLES = (DeferredTask._meta.db_table, Backlog._meta.db_table)
+EXHAUSTED_ACCOUNTS, EACH = 9_997, 9  # 89,973 held until tomorrow
+LONG_LINE = 9_027  # one account at its cap with a line this long
+TIMED = 1_000  # retries waiting for their back-off, spread over accounts
+
+
+def rows_read(statement: str, params) -> dict[str, int]:
+    """Rows the statement reads from each holding-area table (EXPLAIN ANALYZE)."""
+    with connection.cursor() as cursor:
+        cursor.execute("EXPLAIN (ANALYZE, FORMAT JSON) " + statement, params)
+        plan = cursor.fetchone()[0]
+    plan = (json.loads(plan) if isinstance(plan, str) else plan)[0]["Plan"]
+    read = dict.fromkeys(HELD_TABLES, 0)
+
+    def walk(node) -> None:
+        if node.get("Relation Name") in read:
+            read[node["Relation Name"]] += (node.get("Actual Rows", 0) + node.get("Rows Removed by Filter", 0)) \
+                * node.get("Actual Loops", 1)
+        for child in node.get("Plans", []):
+            walk(child)
+
+    walk(plan)
+    return read
+
+
+def orm_rows_read(run) -> dict[str, int]:
+    """`rows_read` of every statement `run()` sends (the portable ledger's ORM queries), summed."""
+    with CaptureQueriesContext(connection) as queries:
+        run()
+    total = dict.fromkeys(HELD_TABLES, 0)
+    for query in queries.captured_queries:
+        if query["sql"].lstrip().upper().startswith(("SELECT", "UPDATE", "DELETE", "WITH")):
+            for table, n in rows_read(query["sql"], None).items():
+                total[table] += n
+    return total
+
+
+def bulk_hold(rows: list[tuple[int, str, str, dt.datetime, dt.datetime | None]]) -> None:
+    """(account, ref, reason, eligible_at, in_line_since) rows, straight into the table (the
+    triggers count them, as for any insert)."""
+    now = clock.now()
+    with connection.cursor() as cursor:
+        cursor.execute(
+            f"INSERT INTO {DeferredTask._meta.db_table} (account_id, queue, job, ref, reason, eligible_at, created_at, "
+            "in_line_since, deferrals, priority, claimed_by, envelope_version) "
+            "SELECT a, 'default', 'tests.noop', r, reason, e, %s, l, 1, 0, '', 1 "
+            "FROM unnest(%s::bigint[], %s::text[], %s::text[], %s::timestamptz[], %s::timestamptz[]) AS t(a, r, reason, e, l)",
+            [now, *map(list, zip(*rows))])
+
+
+@pytest.fixture
+def holding_area():
+    """100,000 held jobs of 10,000 accounts: 9,997 out of budget until tomorrow (their lines
+    blocked), one at its cap with a long line, 1,000 retries not due yet, and two light accounts
+    with one job each in line (the only ones a free worker could take)."""
+    now, tomorrow = clock.now(), budget_clock.next_reset()
+    exhausted = Account.objects.bulk_create([Account(slug=f"x{i}", name=f"x{i}") for i in range(EXHAUSTED_ACCOUNTS)])
+    capped, light, lighter = AccountFactory(slug="capped"), AccountFactory(slug="light"), AccountFactory(slug="lighter")
+    Budget.objects.bulk_create([Budget(account=account, queue="default", cpu_seconds_per_day=100, max_concurrent=1)
+                                for account in [*exhausted, capped, light, lighter]])
+    rows = [(a.pk, f"x-{a.pk}-{i}", DeferReason.BUDGET_EXHAUSTED, tomorrow, now) for a in exhausted for i in range(EACH)]
+    rows += [(capped.pk, f"c-{i}", DeferReason.QUEUED_BEHIND, now, now) for i in range(LONG_LINE)]
+    rows += [(exhausted[i % 10].pk, f"t-{i}", DeferReason.RETRY_BACKOFF, now + dt.timedelta(hours=1), None)
+             for i in range(TIMED)]
+    rows += [(light.pk, "l-0", DeferReason.CONCURRENCY_CAP, now, now), (lighter.pk, "l-1", DeferReason.CONCURRENCY_CAP, now, now)]
+    bulk_hold(rows)
+    Backlog.objects.filter(account__in=exhausted).update(blocked_until=tomorrow)  # as `holding.block` leaves them
+    # The capped account runs at its cap: its line cannot go.
+    ledger().dispatch(envelope=Envelope(job="tests.noop", account=capped.pk, ref="c-running"), queue="default",
+                      day=budget_clock.budget_day())
+    with connection.cursor() as cursor:
+        cursor.execute("ANALYZE")
+    assert DeferredTask.objects.count() == 100_002
+    return {"capped": capped, "light": light, "lighter": lighter, "exhausted": exhausted[0], "now": now}
+
+
+def test_each_question_about_held_work_reads_a_bounded_number_of_rows(holding_area):
+    now, capped = holding_area["now"], holding_area["capped"]
+    claim = {"account_id": capped.pk, "queue": "default", "worker": "w", "now": now,
+             "claim_expires_at": now + dt.timedelta(seconds=30)}
+    checks = {
+        # A claim of the first job of a 9,000-long line: its first row.
+        "claim": (sql.claim(), claim),
+        # "Which accounts could run now" (a pull's choice, the pulse's release): the light ones.
+        "pull's choice": (s.READY_ACCOUNTS, {"queue": "default", "now": now, "limit": 4}),
+        # "Could any account of the queue go now" (read with every settlement).
+        "settlement's question": ("SELECT " + sql.any_ready(), {"queue": "default", "now": now}),
+        # An account's standing (every admission under the lock, every hand-off and release).
+        "standing": (s.STANDING, {"account_id": capped.pk, "queue": "default", "day": budget_clock.budget_day(),
+                                  "job": "", "ref": "", "claimant": None, "now": now}),
+        # The enqueue check's common case: the account's line says "queued behind".
+        "enqueue check": (s.DISPATCH_IF_FREE, {"account_id": capped.pk, "queue": "default",
+                                               "day": budget_clock.budget_day(), "job": "tests.noop", "ref": "new",
+                                               "lease": now, "created_at": now, "now": now}),
+    }
+    for name, (statement, params) in checks.items():
+        read = rows_read(statement, params)
+        assert sum(read.values()) <= 10, (name, read)
+
+    # The due scan (the pulse's, every second): 1,000 retries wait for their own time, none due.
+    due = DeferredTask.objects.filter(in_line_since__isnull=True, message__isnull=True, eligible_at__lte=now)
+    assert sum(orm_rows_read(lambda: list(due.order_by("account_id", "queue", "eligible_at")[:1000])).values()) == 0
+
+
+def test_the_portable_forms_read_a_bounded_number_of_rows_too(holding_area):
+    now, capped, light = holding_area["now"], holding_area["capped"], holding_area["light"]
+    portable_ledger = portable.Ledger()
+    UsageDay.objects.create(account=light, queue="default", day=budget_clock.budget_day())
+    assert portable_ledger.ready_accounts(queue="default", now=now, limit=4) == [
+        (light.pk, "default"), (holding_area["lighter"].pk, "default")]
+    checks = {
+        "claim": lambda: holding.claim(account_id=capped.pk, queue="default", worker="w", lease_s=30),
+        "pull's choice": lambda: portable_ledger.ready_accounts(queue="default", now=now, limit=4),
+        "settlement's question": lambda: holding.any_ready(queue="default", now=now),
+        "in line": lambda: holding.in_line(account_id=capped.pk, queue="default"),
+        "release": lambda: holding.release_first(account_id=light.pk, queue="default", limit=1),
+    }
+    for name, run in checks.items():
+        read = orm_rows_read(run)
+        assert sum(read.values()) <= 10, (name, read)
