@@ -30,7 +30,7 @@ Alongside, the CPU the whole machine spent busy over the same stretch, per task 
 benchmark's producer, every cluster process and PostgreSQL together).
 
 Before the cluster starts, the same account's admission and settlement are timed in this process
-(`budgets.services.admit` then `settle`, --iterations times, each job sent first by the
+(`budgets.admission.admit` then `budgets.settlement.settle`, --iterations times, each job sent first by the
 enqueue-time check `admit_at_enqueue`, timed too, as a worker receives it), the whole chain
 (`scheduling.runtime.execute` of a job so sent) and a new database connection for comparison,
 and the SQL statements and connections one chain run makes.

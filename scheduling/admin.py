@@ -1,15 +1,29 @@
 from django.contrib import admin
+from django.core.paginator import Paginator
+from django.db.models import OuterRef, Subquery
 from django.http import HttpResponseRedirect
 from django.urls import reverse
+from django.utils.functional import cached_property
 from django.utils.timesince import timeuntil
 
 from budgets.models import Role
 from budgets.tenancy import ReadOnlyAdmin, accounts_visible_to, action_role
 from scheduling import clock
 from scheduling.actions import release_held
-from scheduling.models import DeferReason, DeferredTask, Pause, TaskRun, TaskRunDaily, WorkerHeartbeat
+from scheduling.models import Backlog, DeferReason, DeferredTask, Pause, TaskRun, TaskRunDaily, WorkerHeartbeat
 from scheduling.operator import message_results
 from scheduling.pausing import UNTIL_RESUMED, pause, resume
+
+
+class CappedPaginator(Paginator):
+    """Counts at most CAP rows: a list of the holding area or of task runs pages through what may
+    be millions of rows, and Django's own paginator would count them all on every page."""
+
+    CAP = 10_000
+
+    @cached_property
+    def count(self) -> int:
+        return self.object_list[:self.CAP + 1].count()
 
 
 @admin.register(TaskRun)
@@ -21,6 +35,7 @@ class TaskRunAdmin(ReadOnlyAdmin):
     date_hierarchy = "started_at"
     list_select_related = ["account"]
     show_full_result_count = False
+    paginator = CappedPaginator
 
     @admin.display(description="CPU / DB / storage")
     def split(self, obj):
@@ -39,18 +54,26 @@ class DeferredTaskAdmin(ReadOnlyAdmin):
     list_filter = ["reason", "queue", "job", "account", "envelope_version"]
     search_fields = ["ref", "job"]
     list_select_related = ["account"]
+    show_full_result_count = False
+    paginator = CappedPaginator
     actions = ["release"]
+
+    def get_queryset(self, request):
+        # When the job's account's line waits for the next budget day (its Backlog row's block).
+        line = Backlog.objects.filter(account_id=OuterRef("account_id"), queue=OuterRef("queue"))
+        return super().get_queryset(request).annotate(line_blocked_until=Subquery(line.values("blocked_until")[:1]))
 
     @admin.display(description="ETA")
     def eta(self, obj):
         now = clock.now()  # held work's times are on the kernel's (shiftable) clock
         if obj.reason == DeferReason.NEEDS_NEWER_WORKER:
             return f"when a worker that speaks envelope v{obj.envelope_version} runs"
-        if obj.eligible_at >= UNTIL_RESUMED:
-            return "when resumed"
-        if obj.eligible_at <= now:
-            return "when a slot frees"
-        return f"in {timeuntil(obj.eligible_at, now)}"
+        if obj.in_line_since is None:  # it waits for a time of its own
+            return "when resumed" if obj.eligible_at >= UNTIL_RESUMED else f"in {timeuntil(obj.eligible_at, now)}"
+        blocked_until = getattr(obj, "line_blocked_until", None)
+        if blocked_until and blocked_until > now:
+            return f"in {timeuntil(blocked_until, now)} (its account's budget)"
+        return "when a slot frees"
 
     @admin.action(description="Release now (back to the queue)", permissions=["release"])
     @action_role(Role.OPERATOR)

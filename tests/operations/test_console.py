@@ -82,13 +82,15 @@ def _queries(client, url: str) -> int:
 
 
 def test_the_views_of_10000_accounts_make_as_many_queries_as_those_of_ten(client, root):
-    """The dashboard draws the busiest accounts, the account list pages them, `budget_status` and
-    /metrics report the top ones: what each page asks is the same with 10 accounts or 10,000."""
+    """The dashboard draws the busiest accounts, the account list and the holding area page them
+    (counting at most 10,000 rows), `budget_status` and /metrics report the top ones: what each
+    page asks is the same with 10 accounts or 10,000."""
     from io import StringIO
 
     from django.core.management import call_command
 
-    pages = [reverse("ops-dashboard"), reverse("admin:budgets_account_changelist"), "/metrics"]
+    pages = [reverse("ops-dashboard"), reverse("admin:budgets_account_changelist"), "/metrics",
+             reverse("admin:scheduling_deferredtask_changelist")]
     client.force_login(root)
     _tenants(0, 10)
     few = [_queries(client, url) for url in pages]
@@ -183,3 +185,31 @@ def test_a_queue_is_paused_from_the_admin_and_a_tenant_may_choose_only_its_accou
     response = client.post(reverse("admin:scheduling_pause_add"), {"account": "", "queue": "exports"}, follow=True)
     assert "queue exports: paused" in response.content.decode().lower()
     assert Pause.objects.filter(account=None, queue="exports").exists()
+
+
+def test_the_holding_area_says_what_each_job_waits_for_and_until_when(client, root, account):
+    """ETA per job: its own time (a back-off), a resume, its account's budget (its line blocked
+    until the next budget day), or a slot."""
+    import datetime as dt
+
+    from budgets import clock as budget_clock
+    from scheduling import clock
+    from scheduling.envelope import Envelope
+    from scheduling.holding import hold
+
+    now = clock.now()
+    for ref, reason, eligible_at in [("backoff", DeferReason.RETRY_BACKOFF, now + dt.timedelta(minutes=4)),
+                                     ("paused", DeferReason.PAUSED, dt.datetime(9999, 1, 1, tzinfo=dt.UTC)),
+                                     ("slot", DeferReason.CONCURRENCY_CAP, now)]:
+        hold(envelope=Envelope(job="tests.noop", account=account.pk, ref=ref), queue="default", reason=reason,
+             eligible_at=eligible_at)
+    other = AccountFactory(slug="spent")
+    hold(envelope=Envelope(job="tests.noop", account=other.pk, ref="budget"), queue="default",
+         reason=DeferReason.BUDGET_EXHAUSTED, eligible_at=budget_clock.next_reset())
+    client.force_login(root)
+
+    page = client.get(reverse("admin:scheduling_deferredtask_changelist")).content.decode()
+
+    assert "in 3\xa0minutes" in page or "in 4\xa0minutes" in page
+    assert "when resumed" in page and "when a slot frees" in page
+    assert "(its account&#x27;s budget)" in page or "(its account's budget)" in page
