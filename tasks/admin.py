@@ -6,6 +6,7 @@ from django.utils.html import format_html, format_html_join
 
 from budgets.models import Role
 from budgets.tenancy import ReadOnlyAdmin, action_role
+from scheduling import clock
 from scheduling.operator import message_results
 from scheduling.pausing import UNTIL_RESUMED
 from scheduling.redaction import redact
@@ -72,15 +73,11 @@ class TaskCallAdmin(ReadOnlyAdmin):
 
     @admin.display(description="waiting")
     def waiting(self, obj):
-        """Why a READY call waits: in the holding area (reason, ETA) or in the broker."""
+        """Why a READY call waits, and for what: the broker, or the holding area's reason and ETA."""
         if obj.status != "READY":
             return "—"
         held = obj.held if hasattr(obj, "held") else holds_of([obj]).get(str(obj.pk))  # change page: its own
-        if held is None:
-            return "in the queue"
-        if held.eligible_at >= UNTIL_RESUMED:
-            return f"{held.get_reason_display()} (until resumed)"
-        return f"{held.get_reason_display()} (until {held.eligible_at:%Y-%m-%d %H:%M:%S} UTC)"
+        return "in the queue" if held is None else f"{held.get_reason_display()} ({_eta(held)})"
 
     # Arguments and return values are shown redacted (e-mail addresses, tokens, card numbers): tasks
     # should be given ids, and what a host passed anyway is not spelt out to everyone who sees the call.
@@ -100,6 +97,19 @@ class TaskCallAdmin(ReadOnlyAdmin):
             return "—"
         return format_html_join("", "<p><b>{}</b></p><pre>{}</pre>",
                                 ((e["exception_class_path"], e["traceback"]) for e in obj.errors))
+
+
+def _eta(held) -> str:
+    """What a held call waits for, by the holding area's rules (scheduling.admin's ETA): its own
+    time (a back-off, run_after, a resume), or in its account's line a slot, or the next budget day
+    while the line is blocked."""
+    now = clock.now()  # held work's times are on the kernel's (shiftable) clock
+    if held.in_line_since is None:
+        return "until resumed" if held.eligible_at >= UNTIL_RESUMED else f"until {held.eligible_at:%Y-%m-%d %H:%M:%S} UTC"
+    blocked_until = getattr(held, "line_blocked_until", None)
+    if blocked_until and blocked_until > now:
+        return f"until {blocked_until:%Y-%m-%d %H:%M:%S} UTC: its account's budget is spent"
+    return "when a slot frees"
 
 
 def _pre(text: str):

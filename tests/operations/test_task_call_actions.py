@@ -8,7 +8,8 @@ from django.test import override_settings
 from django.utils import timezone
 from django_q.models import OrmQ
 
-from budgets.models import Budget, Role
+from budgets import clock
+from budgets.models import Budget, Role, UsageDay
 from scheduling.models import DeferredTask
 from scheduling.pausing import pause, resume
 from tasks.compat import TaskResultStatus
@@ -110,7 +111,7 @@ def test_the_admin_shows_a_members_calls_why_they_wait_and_their_errors_redacted
 
     page = client.get("/admin/tasks/taskcall/").content.decode()
     assert held.id in page and hidden.id not in page and "globex" not in page
-    assert "Account at its concurrency cap (until" in page
+    assert "Account at its concurrency cap (when a slot frees)" in page
     assert client.get(f"/admin/tasks/taskcall/{hidden.id}/change/").status_code == 404
     detail = client.get(f"/admin/tasks/taskcall/{failed.id}/change/").content.decode()
     assert "builtins.ValueError" in detail and "ValueError: no" in detail
@@ -130,6 +131,19 @@ def test_a_paused_accounts_calls_wait_until_resumed_and_the_admin_says_so(
     with django_capture_on_commit_callbacks(execute=True):
         assert resume(user=operator, account=account).ok
     assert not DeferredTask.objects.filter(ref=result.id).exists() and OrmQ.objects.count() == 1
+
+
+def test_a_call_held_until_its_accounts_budget_day_says_so(
+        client, account, operator, django_capture_on_commit_callbacks):
+    Budget.objects.create(account=account, queue="default", cpu_seconds_per_day=1, max_concurrent=2)
+    UsageDay.objects.create(account=account, queue="default", day=clock.budget_day(), cpu_used_ms=1000)
+    with django_capture_on_commit_callbacks(execute=True):
+        result = f.noop.enqueue(account=account)
+    assert DeferredTask.objects.get(ref=result.id).reason == "budget_exhausted"
+    client.force_login(operator)
+    operator.user_permissions.add(Permission.objects.get(codename="view_taskcall"))
+    page = client.get(f"/admin/tasks/taskcall/{result.id}/change/").content.decode()
+    assert f"until {clock.next_reset():%Y-%m-%d %H:%M:%S} UTC: its account&#x27;s budget is spent" in page
 
 
 @pytest.fixture
