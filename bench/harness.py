@@ -271,7 +271,7 @@ def machine_info(db_url: str, *, pg_settings: tuple[str, ...] = PG_SETTINGS) -> 
         "database": redact_url(db_url),
         "git_branch": git("rev-parse", "--abbrev-ref", "HEAD"),
         "git_commit": git("rev-parse", "HEAD"),
-        "git_dirty_product_code": git("status", "--porcelain", "--", "budgets", "exports", "scheduling", "config").splitlines(),
+        "git_dirty_product_code": git("status", "--porcelain", "--", "budgets", "exports", "scheduling", "tasks", "config").splitlines(),
         # Identifies the exact product code measured (uncommitted changes included).
         "product_code_sha256": product_code_digest(),
         "loadavg_start": list(os.getloadavg()),
@@ -283,7 +283,7 @@ def product_code_digest() -> str:
     import hashlib
 
     digest = hashlib.sha256()
-    for app in ("budgets", "scheduling", "exports", "config"):
+    for app in ("budgets", "scheduling", "exports", "tasks", "config"):
         for path in sorted((REPO / app).rglob("*.py")):
             if "migrations" in path.parts and path.name != "__init__.py":
                 continue

@@ -19,6 +19,7 @@ from config import env
 from exports import conf as exports_conf
 from scheduling import conf as scheduling_conf
 from scheduling import testing
+from tasks import conf as tasks_conf
 
 # Before anything reads a seam: FAIRSHARE_FAULT & co. are refused outside the test suite.
 testing.refuse_seams_unless_testing()
@@ -46,9 +47,12 @@ INSTALLED_APPS = [
     "django.contrib.messages",
     "django.contrib.staticfiles",
     "django_q",
+    # The Django Tasks framework: the django-tasks backport on Django 5.2, Django's own from 6.
+    *tasks_conf.framework_apps(),
     "budgets",
     "exports",
     "scheduling",
+    "tasks",
 ]
 
 MIDDLEWARE = [
@@ -228,7 +232,8 @@ if DATABASES["default"]["ENGINE"] == "django.db.backends.sqlite3":
 # environment, then wired together. Code reads `settings.FAIRSHARE["KEY"]`.
 FAIRSHARE = {
     **scheduling_conf.read_settings(
-        scheduling_conf.SETTINGS, budgets_conf.SETTINGS, exports_conf.SETTINGS, testing.SETTINGS),
+        scheduling_conf.SETTINGS, budgets_conf.SETTINGS, exports_conf.SETTINGS, tasks_conf.SETTINGS,
+        testing.SETTINGS),
     # Outer to inner, like MIDDLEWARE: each entry wraps everything below it.
     "TASK_MIDDLEWARE": [
         "scheduling.middleware.ContractMiddleware",
@@ -243,6 +248,16 @@ FAIRSHARE = {
     # like AUTHENTICATION_BACKENDS; see scheduling.runtime.EnqueueGate). A gate may hold the job.
     # The pause gate first: paused work takes no budget slot.
     "ENQUEUE_GATES": ["scheduling.pausing.PauseGate", "budgets.gate.BudgetGate"],
+}
+
+# Django's Tasks API (`@task` ... `.enqueue(..., account=...)`) on Fairshare: calls are stored in
+# tasks.TaskCall and run through the kernel like any job (tasks/backend.py, docs/tasks.md).
+TASKS = {
+    "default": {
+        "BACKEND": "tasks.backend.FairshareBackend",
+        "QUEUES": ["default", "exports"],
+        "OPTIONS": {"ACCOUNT_KWARG": "account", "SYSTEM_TASKS": []},
+    },
 }
 
 # JSON lines in production (LOG_FORMAT=json, the default without DEBUG), readable text in the demo.
@@ -265,6 +280,10 @@ LOGGING = {
         # web log (django.server) would otherwise record every download link it serves.
         "django": {"handlers": [], "level": "INFO", "propagate": True},
         "django.server": {"handlers": [], "level": "INFO", "propagate": True},
+        # The Tasks framework logs every task's start and end at INFO; the runner's "task finished"
+        # line already records each run (failures, logged at ERROR, still come through).
+        "django_tasks": {"level": "WARNING"},
+        "django.tasks": {"level": "WARNING"},
     },
 }
 

@@ -14,6 +14,7 @@ Who reads each seam:
   FAIRSHARE_TEST_GATE           -> tests/jobs.py `hold_exports_worker`, `hold_row_lock`
   FAIRSHARE_TEST_PUBLISH_GATE   -> tests/storages.py `GatedStorage`
   FLAKY_STORAGE_FAILURES_FILE   -> tests/storages.py `FlakyStorage`
+  FAIRSHARE_TEST_SIGNAL_LOG     -> tests/tasks/functions.py (the Tasks framework's signals in a worker)
 
 FAIRSHARE_EXTRA_JOB_MODULES is not a seam: host applications use it (scheduling/conf.py).
 
@@ -50,8 +51,11 @@ TEST_PUBLISH_GATE = Setting(None, "FAIRSHARE_TEST_PUBLISH_GATE", None, sets="`te
                             doc="a file path: `GatedStorage` saves wait until this file exists")
 FLAKY_STORAGE_FAILURES = Setting(None, "FLAKY_STORAGE_FAILURES_FILE", None, sets="`tests.storages`",
                                  doc="a file holding how many more `FlakyStorage` saves should fail")
+TEST_SIGNAL_LOG = Setting(None, "FAIRSHARE_TEST_SIGNAL_LOG", None, sets="`tests.tasks.functions`",
+                          doc="a file path: a worker appends a line to it for each Django task signal it sends")
 
-SEAMS = (CLOCK_OFFSET, SPEAKS_ENVELOPE_VERSION, FAULT, FAULT_MARKER, FAULT_RESUME, TEST_GATE, TEST_PUBLISH_GATE, FLAKY_STORAGE_FAILURES)
+SEAMS = (CLOCK_OFFSET, SPEAKS_ENVELOPE_VERSION, FAULT, FAULT_MARKER, FAULT_RESUME, TEST_GATE, TEST_PUBLISH_GATE,
+         FLAKY_STORAGE_FAILURES, TEST_SIGNAL_LOG)
 # The seams that are FAIRSHARE keys (tests may also override them in-process with `settings`).
 SETTINGS = (CLOCK_OFFSET, SPEAKS_ENVELOPE_VERSION)
 

@@ -17,6 +17,7 @@ from budgets.models import ApiToken, Budget, Reservation, Role, UsageDay
 from exports.models import ExportRecord, ExportSchedule
 from scheduling.models import DeferredTask, TaskRun, TaskRunDaily, WorkerHeartbeat
 from scheduling.runtime import send
+from tasks.models import TaskCall
 from tests.factories import AccountFactory, ActivityEventFactory, MembershipFactory, UserFactory
 
 pytestmark = pytest.mark.django_db
@@ -29,8 +30,9 @@ ADMIN_MODELS = [
     "budgets/reservation", "exports/exportrecord", "exports/activityevent", "exports/exportschedule",
     "scheduling/taskrun", "scheduling/deferredtask", "scheduling/taskrundaily", "scheduling/workerheartbeat",
     "django_q/success", "django_q/failure", "django_q/schedule", "django_q/ormq", "auth/user", "auth/group",
+    "tasks/taskcall",
 ]
-ACTIONS = ["delete_selected", "cancel", "release", "revoke"]
+ACTIONS = ["delete_selected", "cancel", "release", "revoke", "retry"]
 
 
 def _model(label: str):
@@ -78,6 +80,9 @@ def world():
     send(job="tests.noop", account=globex.pk, ref="globex-queued")
     b.ormq = OrmQ.objects.get()
     b.group = Group.objects.create(name="globex-admins")
+    b.call = TaskCall.objects.create(account=globex, backend="default", task_path="tests.tasks.functions.noop",
+                                     queue="default", arguments={"args": ["globex secret"], "kwargs": {}},
+                                     enqueued_at=NOW, sent_at=NOW)
     objects = {
         "budgets/account": globex, "budgets/membership": b_owner, "budgets/budget": b.budget,
         "budgets/apitoken": b.token, "budgets/usageday": b.usage, "budgets/reservation": b.reservation,
@@ -86,7 +91,7 @@ def world():
         "scheduling/workerheartbeat": b.heartbeat, "django_q/success": b.success, "django_q/failure": b.failure,
         "django_q/schedule": __import__("django_q.models").models.Schedule.objects.first()
         or __import__("django_q.models").models.Schedule.objects.create(name="globex-cron", func="x"),
-        "django_q/ormq": b.ormq, "auth/user": b.owner, "auth/group": b.group,
+        "django_q/ormq": b.ormq, "auth/user": b.owner, "auth/group": b.group, "tasks/taskcall": b.call,
     }
     return SimpleNamespace(acme=acme, b=b, objects=objects)
 

@@ -1,0 +1,116 @@
+import json
+
+from django.contrib import admin
+from django.contrib.admin.views.main import ChangeList
+from django.utils.html import format_html, format_html_join
+
+from budgets.models import Role
+from budgets.tenancy import ReadOnlyAdmin, action_role
+from scheduling import clock
+from scheduling.operator import message_results
+from scheduling.pausing import UNTIL_RESUMED
+from scheduling.redaction import redact
+from tasks.models import TaskCall
+from tasks.operations import call_cancel, call_retry
+from tasks.selectors import holds_of
+
+
+class _HoldsChangeList(ChangeList):
+    """The change list, with each READY call's hold (reason and ETA) read for the page at once."""
+
+    def get_results(self, request):
+        super().get_results(request)
+        holds = holds_of(self.result_list)
+        for call in self.result_list:
+            call.held = holds.get(str(call.pk))
+
+
+@admin.register(TaskCall)
+class TaskCallAdmin(ReadOnlyAdmin):
+    """Django task calls, scoped per account like every record (a system call, which belongs to no
+    account, only for superusers); written by the system, so read-only but for retry and cancel."""
+
+    list_display = ["id", "task", "account", "queue", "priority", "status", "waiting", "attempts",
+                    "enqueued_at", "finished_at"]
+    list_filter = ["status", "queue", "account"]
+    search_fields = ["id", "task_path", "account__slug"]
+    date_hierarchy = "enqueued_at"
+    list_select_related = ["account"]
+    actions = ["retry", "cancel"]
+    fieldsets = [
+        (None, {"fields": ["id", "task_path", "backend", "account", "queue", "priority", "run_after", "status",
+                           "waiting"]}),
+        ("Call", {"fields": ["arguments_shown", "result_shown", "errors_shown"]}),
+        ("Attempts", {"fields": ["attempt_count", "attempt_limit", "workers", "run", "enqueued_at", "sent_at",
+                                 "started_at", "last_attempted_at", "finished_at"]}),
+    ]
+
+    def get_changelist(self, request, **kwargs):
+        return _HoldsChangeList
+
+    @admin.action(description="Retry selected failed task calls", permissions=["act"])
+    @action_role(Role.OPERATOR)
+    def retry(self, request, queryset):
+        message_results(self, request, call_retry(user=request.user, call_ids=list(queryset.values_list("pk", flat=True))))
+
+    @admin.action(description="Cancel selected task calls that have not started", permissions=["act"])
+    @action_role(Role.OPERATOR)
+    def cancel(self, request, queryset):
+        message_results(self, request, call_cancel(user=request.user, call_ids=list(queryset.values_list("pk", flat=True))))
+
+    def has_act_permission(self, request):
+        """Retry and cancel act on work: whoever sees calls and holds the operator role in an account
+        (each selected call is checked against its account)."""
+        return self.has_view_permission(request) and self.has_role(request, Role.OPERATOR)
+
+    @admin.display(description="task")
+    def task(self, obj):
+        return obj.task_path.rsplit(".", 1)[-1]
+
+    @admin.display(description="attempts")
+    def attempts(self, obj):
+        return f"{len(obj.worker_ids)} of {obj.attempt_limit}" if obj.worker_ids else "—"
+
+    @admin.display(description="waiting")
+    def waiting(self, obj):
+        """Why a READY call waits, and for what: the broker, or the holding area's reason and ETA."""
+        if obj.status != "READY":
+            return "—"
+        held = obj.held if hasattr(obj, "held") else holds_of([obj]).get(str(obj.pk))  # change page: its own
+        return "in the queue" if held is None else f"{held.get_reason_display()} ({_eta(held)})"
+
+    # Arguments and return values are shown redacted (e-mail addresses, tokens, card numbers): tasks
+    # should be given ids, and what a host passed anyway is not spelt out to everyone who sees the call.
+    @admin.display(description="arguments")
+    def arguments_shown(self, obj):
+        return _pre(redact(json.dumps(obj.arguments, indent=2, ensure_ascii=False), max_length=4000))
+
+    @admin.display(description="return value")
+    def result_shown(self, obj):
+        if obj.status != "SUCCESSFUL":
+            return "—"
+        return _pre(redact(json.dumps(obj.return_value, indent=2, ensure_ascii=False), max_length=4000))
+
+    @admin.display(description="errors (one per failed attempt, redacted)")
+    def errors_shown(self, obj):
+        if not obj.errors:
+            return "—"
+        return format_html_join("", "<p><b>{}</b></p><pre>{}</pre>",
+                                ((e["exception_class_path"], e["traceback"]) for e in obj.errors))
+
+
+def _eta(held) -> str:
+    """What a held call waits for, by the holding area's rules (scheduling.admin's ETA): its own
+    time (a back-off, run_after, a resume), or in its account's line a slot, or the next budget day
+    while the line is blocked."""
+    now = clock.now()  # held work's times are on the kernel's (shiftable) clock
+    if held.in_line_since is None:
+        return "until resumed" if held.eligible_at >= UNTIL_RESUMED else f"until {held.eligible_at:%Y-%m-%d %H:%M:%S} UTC"
+    blocked_until = getattr(held, "line_blocked_until", None)
+    if blocked_until and blocked_until > now:
+        return f"until {blocked_until:%Y-%m-%d %H:%M:%S} UTC: its account's budget is spent"
+    return "when a slot frees"
+
+
+def _pre(text: str):
+    return format_html("<pre>{}</pre>", text)
