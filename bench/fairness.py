@@ -28,6 +28,10 @@ deferrals and the worker passes spent deferring it; the broker depth and A's hol
 The cluster runs with the product's default broker poll (FAIRSHARE_POLL) unless --poll says otherwise.
 Goals printed: B's p95 wait during the flood <= 1.5x its solo p95; B's solo p95 <= 300 ms; A's
 backlog at >= 0.8 of its bound, never more than its cap at once.
+
+4. tiers (bench/tiers.py, each with a cluster of its own; --tiers '' skips them): weights 1 : 3
+   share worker time 1 : 3 within 10%; a rate limit of 10 starts/s is never passed, reached (>= 9/s)
+   and leaves the other workers busy; 20 high-priority jobs start before the next 20 low ones.
 """
 from __future__ import annotations
 
@@ -43,6 +47,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from bench import harness as h  # noqa: E402
+from bench import tiers  # noqa: E402
 
 GOAL_FACTOR = 1.5
 SOLO_P95_GOAL_MS = 300
@@ -337,12 +342,14 @@ def parse_args(argv=None):
     p.add_argument("--drop", action="store_true")
     p.add_argument("--strict", action="store_true", help="exit 1 when the goal is missed")
     p.add_argument("--json", type=Path, help="results file (default bench/results/fairness[-quick].json)")
+    tiers.add_arguments(p)
     p.add_argument("--child-flood", type=int, help=argparse.SUPPRESS)
     p.add_argument("--child-account", type=int, help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     args.flood = args.flood or (300 if args.quick else 2000)
     args.conserve_jobs = args.conserve_jobs or (150 if args.quick else 400)
     args.json = args.json or h.RESULTS_DIR / ("fairness-quick.json" if args.quick else "fairness.json")
+    tiers.finish_arguments(args)
     return args
 
 
@@ -435,6 +442,7 @@ def main(argv=None) -> int:
     finally:
         log("stopping qcluster")
         cluster.stop()
+    tier_results = tiers.run_tiers(args)
 
     ratio = during["wait_ms"]["p95"] / solo["wait_ms"]["p95"]
     fraction = conserve["fraction_of_bound"] or 0
@@ -448,7 +456,9 @@ def main(argv=None) -> int:
                   "conservation": {"goal": f"A's backlog at >= {CONSERVATION_GOAL:g} of cap x 1000 / job ms, "
                                            "never more than its cap at once",
                                    "value": fraction, "pass": fraction >= CONSERVATION_GOAL
-                                   and conserve["most_at_once_recorded"] <= args.a_cap}},
+                                   and conserve["most_at_once_recorded"] <= args.a_cap},
+                  **{f"tiers_{name}": {"goal": t["goal"], "pass": t["pass"]} for name, t in tier_results.items()}},
+        "tiers": tier_results,
     })
     results["machine"]["loadavg_end"] = list(os.getloadavg())
 
@@ -495,6 +505,9 @@ def main(argv=None) -> int:
           f"{solo['wait_ms']['p95']:.0f} ms")
     print(f"{'PASS' if goals['conservation']['pass'] else 'MISS'}  {goals['conservation']['goal']}: "
           f"{fraction:.2f}, at most {conserve['most_at_once_recorded']} at once")
+    if tier_results:
+        print()
+        tiers.print_tiers(tier_results)
     h.print_load(results)
     h.write_results(args.json, results)
     return 1 if args.strict and not all(g["pass"] for g in goals.values()) else 0

@@ -16,6 +16,7 @@ from budgets.tenancy import (ROLE_RANK, AccountInline, AccountScopedAdmin, ReadO
                              action_role, users_visible_to)
 from scheduling.charts import burn_down
 from scheduling.operator import message_results
+from scheduling.holding import unblock
 from scheduling.pausing import pause, resume
 
 
@@ -67,11 +68,13 @@ class AccountAdmin(AccountScopedAdmin):
     def budget_today(self, obj):
         rows = getattr(self, "_status", {}).get(obj.slug, [])
         return format_html_join(
-            "", '<div class="budget-row">{} {} {}: {} / {} s used, {} s reserved; {}/{} running, {} sent, {} held</div>',
+            "", '<div class="budget-row">{} {} {}: {} / {} s used, {} s reserved; {}/{} running, {} sent, {} held; '
+                'weight {}{}</div>',
             ((burn_down(used=r.cpu_used_ms, reserved=r.cpu_reserved_ms, limit=r.cpu_limit_ms), r.queue,
               f"({round(100 * r.cpu_used_ms / r.cpu_limit_ms) if r.cpu_limit_ms else 0}%)",
               round(r.cpu_used_ms / 1000, 1), r.cpu_limit_ms // 1000, round(r.cpu_reserved_ms / 1000, 1),
-              r.running, r.max_concurrent, r.sent, r.held) for r in rows),
+              r.running, r.max_concurrent, r.sent, r.held, r.weight,
+              f"; rate {r.rate}" + (" (reached)" if r.rate_full else "") if r.rate else "") for r in rows),
         ) or "—"
 
 
@@ -112,9 +115,24 @@ class AdjustForm(forms.Form):
 
 @admin.register(Budget)
 class BudgetAdmin(AccountScopedAdmin):
-    list_display = ["account", "queue", "cpu_seconds_per_day", "max_concurrent"]
+    """An account's limits on one queue: its plan tier's (budgets/conf.py PLAN_BUDGETS) until an
+    operator changes them here. The daily CPU budget changes through the adjust action (kept as its
+    history); the cap, the weight and the rate limit in the form."""
+
+    list_display = ["account", "queue", "cpu_seconds_per_day", "max_concurrent", "weight", "rate_limit"]
     list_filter = ["queue", "account"]
     actions = ["adjust"]
+
+    @admin.display(description="rate limit")
+    def rate_limit(self, obj):
+        return "—" if obj.rate_starts is None else f"{obj.rate_starts} starts per {obj.rate_period_s} s"
+
+    def save_model(self, request, obj, form, change):
+        super().save_model(request, obj, form, change)
+        if change and {"rate_starts", "rate_period_s", "max_concurrent"} & set(form.changed_data):
+            # A line held up by the old limits may go now: the next look under the lock (the
+            # pulse's, a pull's) sees the new ones and holds it up again if it must.
+            unblock(account_id=obj.account_id, queue=obj.queue)
 
     @admin.action(description="Adjust the daily CPU budget (today only or for good)")
     def adjust(self, request, queryset):

@@ -37,8 +37,9 @@ def admit_at_enqueue(*, envelope: Envelope, queue: str) -> bool:
     """The enqueue-time check: may the job go to the broker? If so it takes a slot (dispatched);
     if not it joins the holding area. Returns True when the caller should send it.
 
-    It is held when its account is out of budget today, has no free slot on this queue, or already
-    has work in line there (it waits behind it, first in first out). CPU is reserved when it starts.
+    It is held when its account is out of budget today, already has work in line there (it waits
+    behind it, in line order), has reached its rate limit, or has no free slot on this queue. CPU is
+    reserved when it starts.
     A job sent again while its first message has not started (a reconciler's re-send) goes out
     on the slot it already holds. The common case takes no lock and one statement on PostgreSQL:
     a job sent on a stale view is checked again when it starts.
@@ -56,6 +57,8 @@ def admit_at_enqueue(*, envelope: Envelope, queue: str) -> bool:
             reason, eligible_at = standing.out_of_budget(state, now)
         elif state.in_line:
             reason, eligible_at = DeferReason.QUEUED_BEHIND, now
+        elif state.starts_left == 0:
+            reason, eligible_at = standing.rate_wait(state, now)
         elif state.free_slots <= 0:
             reason, eligible_at = DeferReason.CONCURRENCY_CAP, now
         else:
@@ -119,13 +122,15 @@ def admit(*, envelope: Envelope, queue: str, estimate_ms: int, worker: str, clai
 
 
 def _refusal(state: Standing, now: dt.datetime) -> tuple[str, dt.datetime] | None:
-    """Why a job may not start now (and until when), or None. Without a slot of its own it needs
-    a free one; with one, the cap on running jobs still holds (two enqueues racing through the
-    lock-free check can dispatch one too many)."""
+    """Why a job may not start now (and until when), or None: the cap, the budget and the rate limit
+    must all let it. Without a slot of its own it needs a free one; with one, the cap on running
+    jobs still holds (two enqueues racing through the lock-free check can dispatch one too many)."""
     if (state.own_slot is None and state.free_slots <= 0) or state.active >= state.max_concurrent:
         return DeferReason.CONCURRENCY_CAP, now  # released as soon as one of the account's runs settles
     if state.unreserved_ms <= 0:
         return standing.out_of_budget(state, now)
+    if state.rate_full:
+        return standing.rate_wait(state, now)
     return None
 
 

@@ -1,8 +1,9 @@
 """The enqueue-time check for a batch (`scheduling.runtime.enqueue_many`): a flood of one
 account's jobs is decided in one transaction per account instead of one check per job.
 
-Under the account's lock it sends as many as fit the account's free slots (each dispatched, as
-budgets.admission.admit_at_enqueue would) when the account has budget left and nothing in line,
+Under the account's lock it sends as many as fit the account's free slots and the starts its rate
+limit has left (each dispatched, as budgets.admission.admit_at_enqueue would) when the account has
+budget left and nothing in line,
 and holds the rest with one insert, in order: the first for the reason it could not go, the
 others queued behind it.
 """
@@ -34,25 +35,31 @@ def admit_many_at_enqueue(*, envelopes: list[Envelope], queue: str) -> list[bool
     for account_id, indexes in by_account.items():
         with transaction.atomic():
             state = locked_standing(account_id=account_id, queue=queue, day=day)
-            fits = 0 if state.unreserved_ms <= 0 or state.in_line else max(0, state.free_slots)
+            free = 0 if state.unreserved_ms <= 0 or state.in_line else max(0, state.free_slots)
+            fits = free if state.starts_left is None else min(free, state.starts_left)
+            rate_bound = fits < free  # the rate limit, not the slots, stopped the batch
             go, wait = indexes[:fits], indexes[fits:]
             ledger().dispatch_many(envelopes=[envelopes[i] for i in go], queue=queue, day=day)
             for i in go:
                 verdicts[i] = True
             if wait:
-                _hold(state, [envelopes[i] for i in wait], account_id=account_id, queue=queue, day=day, now=now)
+                _hold(state, [envelopes[i] for i in wait], account_id=account_id, queue=queue, day=day, now=now,
+                      rate_bound=rate_bound)
     return verdicts
 
 
 def _hold(state: Standing, envelopes: list[Envelope], *, account_id: int, queue: str, day: dt.date,
-          now: dt.datetime) -> None:
+          now: dt.datetime, rate_bound: bool) -> None:
     if state.unreserved_ms <= 0:
         reason, eligible_at = standing.out_of_budget(state, now)
+    elif rate_bound:
+        reason, eligible_at = standing.rate_wait(state, now)
     else:
         reason, eligible_at = (DeferReason.QUEUED_BEHIND if state.in_line else DeferReason.CONCURRENCY_CAP), now
     hold_many(envelopes=envelopes[:1], queue=queue, reason=reason, eligible_at=eligible_at)
     if len(envelopes) > 1:
-        behind = DeferReason.QUEUED_BEHIND if reason == DeferReason.CONCURRENCY_CAP else reason
+        behind = DeferReason.QUEUED_BEHIND if reason in (DeferReason.CONCURRENCY_CAP, DeferReason.RATE_LIMITED) \
+            else reason
         hold_many(envelopes=envelopes[1:], queue=queue, reason=behind, eligible_at=eligible_at)
     wake_when_committed(account_id=account_id, queue=queue, reason=reason, eligible_at=eligible_at)
     usage_id = ledger().usage_id(state, account_id=account_id, queue=queue, day=day)

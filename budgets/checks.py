@@ -7,7 +7,16 @@ from django.core import checks
 from budgets.models import Plan, Queue
 from scheduling.conf import clusters
 
-LIMITS = ("cpu_seconds_per_day", "max_concurrent")
+LIMITS = ("cpu_seconds_per_day", "max_concurrent", "weight", "rate_starts", "rate_period_s")
+# The least each may be (rate_starts may also be None: no rate limit).
+LEAST = {"cpu_seconds_per_day": 0, "max_concurrent": 0, "weight": 1, "rate_starts": 1, "rate_period_s": 1}
+
+
+def _well_formed(limits: dict) -> bool:
+    return sorted(limits) == sorted(LIMITS) and all(
+        (key == "rate_starts" and limits[key] is None)
+        or (isinstance(limits[key], int) and not isinstance(limits[key], bool) and limits[key] >= LEAST[key])
+        for key in LIMITS)
 
 
 def check_leases(app_configs=None, **kwargs) -> list[checks.CheckMessage]:
@@ -46,11 +55,12 @@ def check_plan_budgets(app_configs=None, **kwargs) -> list[checks.CheckMessage]:
                     hint="Admitting that plan's first job on that queue would fail. Give every plan tier an "
                          '{"cpu_seconds_per_day": ..., "max_concurrent": ...} entry for every queue.',
                     id="budgets.E003"))
-            elif sorted(limits) != sorted(LIMITS) or not all(
-                    isinstance(limits[k], int) and limits[k] >= 0 for k in LIMITS):
+            elif not _well_formed(limits):
                 errors.append(checks.Error(
                     f'FAIRSHARE["PLAN_BUDGETS"]["{plan}"]["{queue}"] is {limits!r}.',
-                    hint="It needs exactly cpu_seconds_per_day and max_concurrent, whole numbers of at least 0.",
+                    hint="It needs exactly cpu_seconds_per_day and max_concurrent (whole numbers of at least 0), "
+                         "weight (at least 1), rate_starts (at least 1, or None: no rate limit) and "
+                         "rate_period_s (seconds, at least 1).",
                     id="budgets.E004"))
     return errors
 

@@ -4,16 +4,23 @@ Importable before Django is set up (config/settings.py imports it): no django.co
 """
 from scheduling.conf import Setting
 
-# Default budgets per plan tier and queue: daily CPU seconds and concurrent tasks. An operator can
-# override them per account (budgets.Budget). Every tier needs an entry for every queue
-# (system check budgets.E003).
+# Default budgets per plan tier and queue: the daily CPU seconds and concurrent tasks, the weight of
+# the account's share of busy workers, and a rate limit (at most `rate_starts` runs started in any
+# `rate_period_s` seconds; None: none). An operator can override them per account (budgets.Budget).
+# Every tier needs an entry for every queue (system checks budgets.E003, E004).
 PLAN_BUDGETS = {
-    "free": {"default": {"cpu_seconds_per_day": 600, "max_concurrent": 1},
-             "exports": {"cpu_seconds_per_day": 300, "max_concurrent": 1}},
-    "standard": {"default": {"cpu_seconds_per_day": 3600, "max_concurrent": 2},
-                 "exports": {"cpu_seconds_per_day": 1800, "max_concurrent": 1}},
-    "enterprise": {"default": {"cpu_seconds_per_day": 36000, "max_concurrent": 8},
-                   "exports": {"cpu_seconds_per_day": 18000, "max_concurrent": 4}},
+    "free": {"default": {"cpu_seconds_per_day": 600, "max_concurrent": 1, "weight": 1,
+                         "rate_starts": 600, "rate_period_s": 60},
+             "exports": {"cpu_seconds_per_day": 300, "max_concurrent": 1, "weight": 1,
+                         "rate_starts": 30, "rate_period_s": 3600}},
+    "standard": {"default": {"cpu_seconds_per_day": 3600, "max_concurrent": 2, "weight": 2,
+                             "rate_starts": None, "rate_period_s": 60},
+                 "exports": {"cpu_seconds_per_day": 1800, "max_concurrent": 1, "weight": 2,
+                             "rate_starts": None, "rate_period_s": 60}},
+    "enterprise": {"default": {"cpu_seconds_per_day": 36000, "max_concurrent": 8, "weight": 4,
+                               "rate_starts": None, "rate_period_s": 60},
+                   "exports": {"cpu_seconds_per_day": 18000, "max_concurrent": 4, "weight": 4,
+                               "rate_starts": None, "rate_period_s": 60}},
 }
 
 SETTINGS = (
@@ -43,5 +50,5 @@ SETTINGS = (
             doc="`/metrics` reports the budget gauges of this many accounts, those that used the most CPU today; "
                 "0: of every account"),
     Setting("PLAN_BUDGETS", None, PLAN_BUDGETS, shown_default="see `budgets/conf.py`",
-            doc="default daily CPU seconds and concurrent tasks per plan tier and queue"),
+            doc="default daily CPU seconds, concurrent tasks, weight and rate limit per plan tier and queue"),
 )

@@ -21,8 +21,8 @@ class BudgetGate(EnqueueGate):
     def admit_many(self, *, envelopes: list[Envelope], queue: str) -> list[bool]:
         return bulk.admit_many_at_enqueue(envelopes=envelopes, queue=queue)
 
-    def release_due(self) -> int:
-        return handoff.release_due()
+    def release_due(self, *, idle_workers: dict[str, int] | None = None) -> int:
+        return handoff.release_due(idle_workers=idle_workers)
 
     def next_for(self, *, queue: str, worker: str, after: TaskContext) -> Handoff | None:
         """The job the run's settlement handed its slot on to, else one pulled in fair order:

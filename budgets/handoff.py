@@ -7,7 +7,9 @@ same statement as the claim on the held row (budgets.ledger `claim_and_admit`, `
 - hand-off: a settlement that frees a slot gives it to the same account's first held job and
   returns it to the settling worker (`hand_off`, called by budgets.settlement);
 - pull: a worker with nothing handed off claims another account's job into a free slot, in fair
-  order (`pull`): accounts with the fewest slots in use first, then the one waiting longest.
+  order (`pull`): accounts with the fewest slots in use for their weight first, then the one
+  waiting longest. A settlement that sees another account's line could go leaves its freed slot to
+  this order (its worker pulls) instead of handing it to its own account's next job.
 (A third, the pass-on, is the settlement's own statement: budgets.settlement.)
 
 The worker runs the claimed job at once (scheduling.runtime.execute); its admission was made ahead
@@ -30,6 +32,7 @@ from budgets.locks import locked_standing
 from budgets.standing import Standing
 from scheduling import holding
 from scheduling.envelope import Envelope
+from scheduling.models import DeferReason
 from scheduling.registry import get_job
 
 # How many accounts a pull looks at before it gives up (each one it cannot use is skipped, e.g.
@@ -44,6 +47,7 @@ def release(*, account_id: int, queue: str, state: Standing, day: dt.date, limit
     dispatched), as many as its standing lets go (`releasable`), at most `limit`."""
     n = standing.releasable(state) if limit is None else min(limit, standing.releasable(state))
     if n <= 0:
+        hold_up(account_id=account_id, queue=queue, state=state)
         return 0
     released = holding.release_first(account_id=account_id, queue=queue, limit=n)
     ledger().dispatch_many(envelopes=[Envelope(job=held.job, account=account_id, ref=held.ref, priority=held.priority)
@@ -51,12 +55,27 @@ def release(*, account_id: int, queue: str, state: Standing, day: dt.date, limit
     return len(released)
 
 
-def release_locked(*, account_id: int, queue: str) -> int:
+def hold_up(*, account_id: int, queue: str, state: Standing) -> None:
+    """Under the lock: an account whose line lets nothing go for a time (its budget spent until the
+    next budget day, its rate limit reached until the oldest start leaves the window) has its line
+    held up until then (scheduling.holding.block): until then no pull, hand-off or release looks at
+    it, and the accounts that could run are found without it."""
+    if not state.in_line or state.paused:
+        return
+    if state.unreserved_ms <= 0:
+        reason, until = standing.out_of_budget(state, clock.now())
+        if reason == DeferReason.BUDGET_EXHAUSTED:
+            holding.block(account_id=account_id, queue=queue, until=until, reason=reason)
+    elif standing.held_up_by_rate(state):
+        holding.block(account_id=account_id, queue=queue, until=state.rate_frees_at, reason=DeferReason.RATE_LIMITED)
+
+
+def release_locked(*, account_id: int, queue: str, limit: int | None = None) -> int:
     """`release` in a transaction of its own, under the lock."""
     day = clock.budget_day()
     with transaction.atomic():
         state = locked_standing(account_id=account_id, queue=queue, day=day)
-        return release(account_id=account_id, queue=queue, state=state, day=day)
+        return release(account_id=account_id, queue=queue, state=state, day=day, limit=limit)
 
 
 def release_if_ready(*, account_id: int, queue: str) -> int:
@@ -68,11 +87,32 @@ def release_if_ready(*, account_id: int, queue: str) -> int:
     return release_locked(account_id=account_id, queue=queue)
 
 
-def release_due() -> int:
+def release_next(*, queue: str) -> int:
+    """A freed slot whose worker goes back to the broker while several accounts wait: the next job
+    of the account whose turn it is (the fair order) goes to the broker, not the settling account's
+    (which would keep each worker on its account). Outside a transaction. Returns how many went."""
+    for ready in ledger().ready_accounts(queue=queue, now=clock.now(), limit=PULL_CANDIDATES):
+        if release_locked(account_id=ready.account_id, queue=queue, limit=1):
+            return 1
+    return 0
+
+
+def release_due(*, idle_workers: dict[str, int] | None = None) -> int:
     """The pulse's tick for budgets: the lines of the accounts that could run now and have a free
-    slot (in fair order) go into their free slots. Returns how many jobs went."""
-    return sum(release_locked(account_id=account_id, queue=queue) for account_id, queue
-               in ledger().ready_accounts(queue=None, now=clock.now(), limit=RELEASE_BATCH))
+    slot go into their free slots, in fair order. With `idle_workers` (per queue) only as many jobs
+    as there are idle workers, one per account in fair order: work for the busy workers is theirs
+    to take by hand-off and pull, which keep to the fair order (what the broker holds runs in the
+    order it was sent). Returns how many jobs went."""
+    now = clock.now()
+    if idle_workers is None:
+        return sum(release_locked(account_id=ready.account_id, queue=ready.queue)
+                   for ready in ledger().ready_accounts(queue=None, now=now, limit=RELEASE_BATCH))
+    sent = 0
+    for queue, idle in idle_workers.items():
+        if idle > 0:
+            sent += sum(release_locked(account_id=ready.account_id, queue=queue, limit=1)
+                        for ready in ledger().ready_accounts(queue=queue, now=now, limit=idle))
+    return sent
 
 
 def hand_off(*, account_id: int, queue: str, state: Standing, day: dt.date, worker: str,
@@ -88,7 +128,10 @@ def hand_off(*, account_id: int, queue: str, state: Standing, day: dt.date, work
     and the slot expire together and the reclaim undoes the admission and releases the job.
     Otherwise its own admission decides when it starts, as for any claimed job."""
     if not standing.releasable(state):
-        return None  # nothing in line, paused, or it would only be held again until a run gives budget back
+        # Nothing in line, paused, or it would only be held again until a run gives budget back or
+        # a start leaves its rate limit's window.
+        hold_up(account_id=account_id, queue=queue, state=state)
+        return None
     if not state.may_start:
         return ledger().claim_for(account_id=account_id, queue=queue, day=day, worker=worker,
                                   yield_to_broker=yield_to_broker)
@@ -118,19 +161,26 @@ def passed_on(claimed: Claimed) -> Claimed:
 
 def pull(*, queue: str, worker: str) -> Claimed | None:
     """Claim one held job of `queue` for `worker` into a free slot, in fair order; none while a job
-    sent to the broker waits for a worker (it goes first)."""
+    sent to the broker waits for a worker (it goes first).
+
+    The order is read before the lock: a candidate whose share (slots per weight) grew past the
+    next one's meanwhile (another worker pulled it) is passed over for the next, so that workers
+    pulling at once spread over the accounts instead of piling onto the one that was first."""
     if ledger().broker_waiting(queue=queue):
         return None
     now = clock.now()
     day = clock.budget_day(now)
-    for account_id, _ in ledger().ready_accounts(queue=queue, now=now, limit=PULL_CANDIDATES):
+    candidates = ledger().ready_accounts(queue=queue, now=now, limit=PULL_CANDIDATES)
+    for ready, after in zip(candidates, [*candidates[1:], None]):
         with transaction.atomic():
             # SKIP LOCKED: an account whose lock is taken is being admitted or settled right now
             # (a settlement hands its own slot off); try the next instead of waiting.
-            if not ledger().lock(account_id=account_id, queue=queue, skip_locked=True):
+            if not ledger().lock(account_id=ready.account_id, queue=queue, skip_locked=True):
                 continue
-            state = ledger().standing(account_id=account_id, queue=queue, day=day)
-            claimed = hand_off(account_id=account_id, queue=queue, state=state, day=day, worker=worker,
+            state = ledger().standing(account_id=ready.account_id, queue=queue, day=day)
+            if after is not None and state.in_flight / state.weight > after.share:
+                continue
+            claimed = hand_off(account_id=ready.account_id, queue=queue, state=state, day=day, worker=worker,
                                yield_to_broker=False)  # (it looked above)
         if claimed is not None:
             return claimed

@@ -24,13 +24,14 @@ def locked_standing(*, account_id: int, queue: str, day: dt.date, envelope: Enve
     """`lock`, then the account's standing, exact until the transaction ends (READ COMMITTED: a
     statement after the lock sees everything committed before it was granted).
 
-    A line held up until the next budget day (scheduling.holding.block) while the account has
-    budget again (raised by an operator, or by a write that went around budgets.adjust) is let
-    go here: the accounts that could run are found by that block (budgets.ledger
-    `ready_accounts`), never by reading every account's budget."""
+    A line held up (scheduling.holding.block: until the next budget day, or until a start leaves
+    its rate limit's window) while its standing lets work start again (budget raised by an operator
+    or by a write that went around budgets.adjust; a rate limit raised) is let go here: the
+    accounts that could run are found by that block (budgets.ledger `ready_accounts`), never by
+    reading every account's budget."""
     lock(account_id=account_id, queue=queue)
     state = ledger().standing(account_id=account_id, queue=queue, day=day, envelope=envelope, claimant=claimant)
-    if state is not None and state.blocked and state.unreserved_ms > 0:
+    if state is not None and state.blocked and state.unreserved_ms > 0 and not state.rate_full:
         unblock(account_id=account_id, queue=queue)
         state = replace(state, blocked=False)
     return state

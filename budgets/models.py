@@ -91,10 +91,18 @@ class Budget(models.Model):
     queue = models.CharField(max_length=40, choices=Queue.choices)
     cpu_seconds_per_day = models.PositiveIntegerField()
     max_concurrent = models.PositiveSmallIntegerField()
+    weight = models.PositiveSmallIntegerField(
+        default=1, help_text="Its share of busy workers against other accounts' (1 or more): "
+                             "weight 3 gets three times the worker time of weight 1 when both wait")
+    rate_starts = models.PositiveIntegerField(
+        null=True, blank=True, help_text="At most this many runs start per rate period; empty: no rate limit")
+    rate_period_s = models.PositiveIntegerField(default=60, help_text="The rate limit's window, in seconds")
 
     class Meta:
         constraints = [
-            models.UniqueConstraint(fields=["account", "queue"], name="budget_unique_account_queue")
+            models.UniqueConstraint(fields=["account", "queue"], name="budget_unique_account_queue"),
+            models.CheckConstraint(condition=models.Q(weight__gte=1, rate_period_s__gte=1),
+                                   name="budget_weight_and_rate_period_positive"),
         ]
 
     def __str__(self) -> str:

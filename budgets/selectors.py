@@ -11,6 +11,7 @@ from django.utils import timezone
 from budgets import clock
 from budgets.models import Account, Budget, Reservation, ReservationStatus, UsageDay
 from scheduling.models import Backlog
+from scheduling.selectors import recent_starts
 
 
 def refs_in_flight(*, job: str, sent_since: dt.datetime) -> QuerySet[str]:
@@ -43,17 +44,31 @@ class BudgetStatus:
     max_concurrent: int
     held: int
     next_reset: dt.datetime
+    weight: int = 1  # its share of busy workers against other accounts'
+    rate_starts: int | None = None  # its rate limit: at most this many starts per rate_period_s
+    rate_period_s: int = 60
+    recent_starts: int = 0  # starts in the rate limit's window now (counted up to the limit)
 
     @property
     def cpu_remaining_ms(self) -> int:
         return max(0, self.cpu_limit_ms - self.cpu_used_ms - self.cpu_reserved_ms)
 
+    @property
+    def rate_full(self) -> bool:
+        return self.rate_starts is not None and self.recent_starts >= self.rate_starts
+
+    @property
+    def rate(self) -> str:
+        """How close it is to its rate limit: "starts / limit per period", or "" without one."""
+        return "" if self.rate_starts is None else f"{self.recent_starts}/{self.rate_starts} per {self.rate_period_s} s"
+
 
 def budget_status(*, accounts: QuerySet[Account] | None = None, top: int | None = None) -> list[BudgetStatus]:
-    """Today's limit, use, reservations, running, sent and held work per account and queue, by
-    account (slug); with `top`, only the `top` budgets that used the most CPU today. Three queries,
-    whatever the number of accounts: the budgets with today's use, the slots of those, their held
-    work (Backlog's counts, not the held jobs)."""
+    """Today's limit, use, reservations, running, sent and held work, weight and rate limit per
+    account and queue, by account (slug); with `top`, only the `top` budgets that used the most CPU
+    today. Three queries, whatever the number of accounts: the budgets with today's use, the slots of
+    those, their held work (Backlog's counts, not the held jobs); and one per rate-limited budget
+    shown, its window (at most its limit's count of TaskRun index entries)."""
     day = clock.budget_day()
     budgets = Budget.objects.filter(account__in=accounts if accounts is not None else Account.objects.all())
     used_today = UsageDay.objects.filter(account_id=OuterRef("account_id"), queue=OuterRef("queue"), day=day)
@@ -62,7 +77,7 @@ def budget_status(*, accounts: QuerySet[Account] | None = None, top: int | None 
     budgets = budgets.order_by("-used", "account__slug", "queue")[:top] if top else budgets.order_by(
         "account__slug", "queue")
     rows = list(budgets.values("account_id", "account__slug", "queue", "cpu_seconds_per_day", "max_concurrent",
-                               "used", "reserved"))
+                               "used", "reserved", "weight", "rate_starts", "rate_period_s"))
     ids = {row["account_id"] for row in rows}
     slots = Counter()
     for account_id, queue, status, n in (Reservation.objects.filter(account_id__in=ids).values_list(
@@ -77,4 +92,14 @@ def budget_status(*, accounts: QuerySet[Account] | None = None, top: int | None 
         running=slots[(row["account_id"], row["queue"], ReservationStatus.ACTIVE)],
         sent=slots[(row["account_id"], row["queue"], ReservationStatus.DISPATCHED)],
         max_concurrent=row["max_concurrent"], held=held.get((row["account_id"], row["queue"]), 0), next_reset=reset,
+        weight=row["weight"], rate_starts=row["rate_starts"], rate_period_s=row["rate_period_s"],
+        recent_starts=_recent_starts(row),
     ) for row in rows]
+
+
+def _recent_starts(budget: dict) -> int:
+    if budget["rate_starts"] is None:
+        return 0
+    since = timezone.now() - dt.timedelta(seconds=budget["rate_period_s"])
+    return len(recent_starts(account_id=budget["account_id"], queue=budget["queue"], since=since,
+                             limit=budget["rate_starts"]))

@@ -16,7 +16,7 @@ from django.db import transaction
 
 from budgets import clock, standing
 from budgets.admission import hold_and_wake
-from budgets.handoff import hand_off, passed_on, release, release_locked
+from budgets.handoff import hand_off, passed_on, release, release_locked, release_next
 from budgets.ledger import Claimed, PassOn, ledger
 from budgets.locks import lock, locked_standing
 from budgets.standing import Standing
@@ -55,6 +55,9 @@ def settle(
     (the PostgreSQL ledger does, when it may). With `look_later` (a worker's watcher, which makes
     the look for the settlements since its last tick) the settlement's look after its commit is
     left to it: it only matters for a hold that committed while the charge ran, and waits a tick.
+    When another account could take a worker too, the slot is not handed to the account's next job:
+    the worker `hand_to` pulls in the fair order (budgets.handoff), which may pick it, or without
+    `hand_to` the job whose turn it is goes to the broker.
     """
     now = clock.now()
     day = clock.budget_day(now)
@@ -75,6 +78,11 @@ def settle(
     handed_to = None
     if charged.was_active and not charged.in_line and look_later is not None:
         look_later(account_id=account_id, queue=queue)
+    elif charged.was_active and charged.others_waiting:
+        # Another account could take a worker too: the freed slot goes by the fair order, to what
+        # the worker pulls next or, when it goes back to the broker, to the job released there.
+        if hand_to is None:
+            release_next(queue=queue)
     elif charged.was_active and (charged.in_line or holding.in_line(account_id=account_id, queue=queue)):
         with transaction.atomic():
             state = locked_standing(account_id=account_id, queue=queue, day=day)

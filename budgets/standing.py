@@ -13,6 +13,16 @@ job, which proves by the Budget row's version that no lock holder committed sinc
 CPU is reserved in steps (RESERVATION_STEP_MS, at least the job's estimate) and only from what the
 account has left, so its runs together cannot spend more than the daily cap however many run at
 once.
+
+A rate limit ("at most N starts in any P seconds", Budget.rate_starts / rate_period_s) is a sliding
+window over the account's recorded starts (TaskRun.started_at): a run may start while fewer than N
+started in the last P seconds. Chosen over GCRA (a token bucket kept as one timestamp) because the
+starts are recorded anyway, so the window costs no state of its own and cannot drift from what
+happened, and because it is exact — "never more than N in any window" holds for the recorded
+starts, which is what an operator (or a third-party API's quota) checks; GCRA would smooth bursts
+that a window allows. A start is decided under the account's lock, so two workers never take the
+last start of a window both (the lock-free paths leave rate-limited accounts to the lock). Reading
+the window costs at most N index entries (scheduling.sql `recent_starts`).
 """
 import datetime as dt
 from dataclasses import dataclass
@@ -40,6 +50,11 @@ class Standing:
     own_slot: int | None = None  # the job's own dispatched slot, when asked for a job
     paused: bool = False  # a pause covers the account's work on this queue (scheduling.pausing)
     claimed: bool = False  # the worker asked about still holds its claim on the job (scheduling.holding)
+    weight: int = 1  # its share of busy workers against other accounts' (budgets.ledger `ready_accounts`)
+    rate_starts: int | None = None  # its rate limit: at most this many starts per rate_period_s (None: none)
+    rate_period_s: int = 60
+    recent_starts: int = 0  # runs started in the rate limit's window (counted up to rate_starts)
+    rate_frees_at: dt.datetime | None = None  # when the oldest of those leaves the window (None: not full)
 
     @property
     def unreserved_ms(self) -> int:
@@ -54,20 +69,49 @@ class Standing:
         return self.max_concurrent - self.in_flight
 
     @property
+    def rate_full(self) -> bool:
+        """Whether its rate limit lets no run start now: the rule "rate limit reached"."""
+        return self.rate_starts is not None and self.recent_starts >= self.rate_starts
+
+    @property
+    def starts_left(self) -> int | None:
+        """How many more runs its rate limit lets start now, counting the jobs on their way to a
+        worker (dispatched: they start soon) as started; None without a rate limit."""
+        if self.rate_starts is None:
+            return None
+        on_their_way = 0 if self.in_flight is None else self.in_flight - self.active
+        return max(0, self.rate_starts - self.recent_starts - on_their_way)
+
+    @property
     def may_start(self) -> bool:
         """Whether a job that holds a slot may start now: not paused, below its cap on running jobs
         (two enqueues racing through the lock-free check may have dispatched one too many), budget
-        left."""
-        return not self.paused and self.active < self.max_concurrent and self.unreserved_ms > 0
+        left, its rate limit not reached."""
+        return (not self.paused and self.active < self.max_concurrent and self.unreserved_ms > 0
+                and not self.rate_full)
 
 
 def releasable(state: Standing) -> int:
     """How many of the account's held jobs its standing lets go now: none when nothing is in line,
-    when a pause covers it, or when they would only be held again (no budget left to reserve);
-    else its free slots."""
+    when a pause covers it, or when they would only be held again (no budget left to reserve, its
+    rate limit reached); else its free slots, at most the starts its rate limit has left."""
     if not state.in_line or state.paused or state.unreserved_ms <= 0:
         return 0
-    return max(0, state.free_slots)
+    free = max(0, state.free_slots)
+    return free if state.starts_left is None else min(free, state.starts_left)
+
+
+def rate_wait(state: Standing, now: dt.datetime) -> tuple[str, dt.datetime]:
+    """Why an account whose rate limit lets nothing start waits, and until when: the oldest start in
+    its window leaves it (or, its room taken by jobs on their way to a worker, now: their starts
+    settle it)."""
+    return DeferReason.RATE_LIMITED, max(now, state.rate_frees_at or now)
+
+
+def held_up_by_rate(state: Standing) -> bool:
+    """Whether its rate limit lets nothing start until a known time (a start leaves the window),
+    for which its line may wait (scheduling.holding.block)."""
+    return state.rate_full and state.rate_frees_at is not None
 
 
 def step_ms(estimate_ms: int) -> int:

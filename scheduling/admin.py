@@ -1,6 +1,5 @@
 from django.contrib import admin
 from django.core.paginator import Paginator
-from django.db.models import OuterRef, Subquery
 from django.http import HttpResponseRedirect
 from django.urls import reverse
 from django.utils.functional import cached_property
@@ -10,9 +9,10 @@ from budgets.models import Role
 from budgets.tenancy import ReadOnlyAdmin, accounts_visible_to, action_role
 from scheduling import clock
 from scheduling.actions import release_held
-from scheduling.models import Backlog, DeferReason, DeferredTask, Pause, TaskRun, TaskRunDaily, WorkerHeartbeat
+from scheduling.models import DeferReason, DeferredTask, Pause, TaskRun, TaskRunDaily, WorkerHeartbeat
 from scheduling.operator import message_results
 from scheduling.pausing import UNTIL_RESUMED, pause, resume
+from scheduling.selectors import line_held_up, with_their_line
 
 
 class CappedPaginator(Paginator):
@@ -59,9 +59,7 @@ class DeferredTaskAdmin(ReadOnlyAdmin):
     actions = ["release"]
 
     def get_queryset(self, request):
-        # When the job's account's line waits for the next budget day (its Backlog row's block).
-        line = Backlog.objects.filter(account_id=OuterRef("account_id"), queue=OuterRef("queue"))
-        return super().get_queryset(request).annotate(line_blocked_until=Subquery(line.values("blocked_until")[:1]))
+        return with_their_line(super().get_queryset(request))
 
     @admin.display(description="ETA")
     def eta(self, obj):
@@ -70,9 +68,10 @@ class DeferredTaskAdmin(ReadOnlyAdmin):
             return f"when a worker that speaks envelope v{obj.envelope_version} runs"
         if obj.in_line_since is None:  # it waits for a time of its own
             return "when resumed" if obj.eligible_at >= UNTIL_RESUMED else f"in {timeuntil(obj.eligible_at, now)}"
-        blocked_until = getattr(obj, "line_blocked_until", None)
-        if blocked_until and blocked_until > now:
-            return f"in {timeuntil(blocked_until, now)} (its account's budget)"
+        held_up = line_held_up(obj, now)
+        if held_up is not None:
+            until, why = held_up
+            return f"in {timeuntil(until, now)} (its account's {why})"
         return "when a slot frees"
 
     @admin.action(description="Release now (back to the queue)", permissions=["release"])

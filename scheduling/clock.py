@@ -12,3 +12,8 @@ from django.utils import timezone
 
 def now() -> dt.datetime:
     return timezone.now() + dt.timedelta(seconds=settings.FAIRSHARE["CLOCK_OFFSET_S"])
+
+
+def from_wall(moment: dt.datetime | None) -> dt.datetime | None:
+    """A moment on the wall clock (a TaskRun's times) as this clock tells it."""
+    return None if moment is None else moment + dt.timedelta(seconds=settings.FAIRSHARE["CLOCK_OFFSET_S"])

@@ -28,9 +28,11 @@ class EnqueueGate:
     def undo(self, *, envelope: Envelope, queue: str) -> None:
         """Give back what `admit` took when the job could not be sent after all."""
 
-    def release_due(self) -> int:
+    def release_due(self, *, idle_workers: dict[str, int] | None = None) -> int:
         """Send held work whose time has come, as far as the gate allows (the worker pulse and the
-        `scheduling.release_deferred` schedule call it); returns how many jobs went."""
+        `scheduling.release_deferred` schedule call it); returns how many jobs went. With
+        `idle_workers` (a worker's pulse: how many idle workers it speaks for, per queue) at most
+        that many jobs per queue, in the gate's fair order; without, all that may go."""
         return 0
 
     def next_for(self, *, queue: str, worker: str, after: TaskContext) -> Handoff | None:

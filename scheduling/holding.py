@@ -67,7 +67,7 @@ def hold(*, envelope: Envelope, queue: str, reason: str, eligible_at: dt.datetim
             in_line_since=None if in_line_since is None else (held.in_line_since or in_line_since),
         )
     if reason in ACCOUNT_WAITS_REASONS and eligible_at > now and envelope.account is not None:
-        block(account_id=envelope.account, queue=queue, until=eligible_at)
+        block(account_id=envelope.account, queue=queue, until=eligible_at, reason=reason)
 
 
 def hold_many(*, envelopes: list[Envelope], queue: str, reason: str, eligible_at: dt.datetime) -> None:
@@ -83,7 +83,7 @@ def hold_many(*, envelopes: list[Envelope], queue: str, reason: str, eligible_at
     accounts = {e.account for e in envelopes if e.account is not None}
     if reason in ACCOUNT_WAITS_REASONS and eligible_at > now:
         for account_id in accounts:
-            block(account_id=account_id, queue=queue, until=eligible_at)
+            block(account_id=account_id, queue=queue, until=eligible_at, reason=reason)
 
 
 def hold_scheduled(*, envelope: Envelope, queue: str, run_after: dt.datetime) -> None:
@@ -92,13 +92,21 @@ def hold_scheduled(*, envelope: Envelope, queue: str, run_after: dt.datetime) ->
     hold(envelope=envelope, queue=queue, reason=DeferReason.SCHEDULED, eligible_at=run_after)
 
 
-def block(*, account_id: int, queue: str, until: dt.datetime) -> None:
-    """The account's line on the queue waits until `until` (or later, if it already waits longer):
-    its budget is spent. Jobs in it that waited for budget its running jobs had reserved now wait
-    for the same (index deferred_budget_reserved: they are a handful at most)."""
+def block(*, account_id: int, queue: str, until: dt.datetime, reason: str = DeferReason.BUDGET_EXHAUSTED) -> None:
+    """The account's line on the queue waits until `until` (or later, if it already waits longer),
+    for `reason` (one of ACCOUNT_WAITS_REASONS):
+    - its budget is spent: jobs in it that waited for budget its running jobs had reserved now
+      wait for the same (index deferred_budget_reserved: they are a handful at most);
+    - its rate limit is reached: the first job of its line says so, with that time (one row, by
+      the line's index)."""
     Backlog.objects.filter(account_id=account_id, queue=queue, blocked_until__lt=until).update(blocked_until=until)
-    DeferredTask.objects.filter(account_id=account_id, queue=queue, reason=DeferReason.BUDGET_RESERVED).update(
-        reason=DeferReason.BUDGET_EXHAUSTED, eligible_at=until)
+    if reason == DeferReason.BUDGET_EXHAUSTED:
+        DeferredTask.objects.filter(account_id=account_id, queue=queue, reason=DeferReason.BUDGET_RESERVED).update(
+            reason=DeferReason.BUDGET_EXHAUSTED, eligible_at=until)
+    elif reason == DeferReason.RATE_LIMITED:
+        first = (DeferredTask.objects.filter(claimable(clock.now()), account_id=account_id, queue=queue)
+                 .order_by(*LINE_ORDER).values_list("pk", flat=True)[:1])
+        DeferredTask.objects.filter(pk__in=list(first)).update(reason=reason, eligible_at=until)
 
 
 def unblock(*, account_id: int, queue: str) -> int:
@@ -231,17 +239,18 @@ def line_up_due(now: dt.datetime) -> tuple[int, int]:
     return len(lined_up), len(due) - len(lined_up)
 
 
-def release_due() -> int:
+def release_due(*, idle_workers: dict[str, int] | None = None) -> int:
     """The pulse's tick (and the `scheduling.release_deferred` schedule's): held jobs whose own
-    time came line up, then the enqueue gates send what may go now (the budget gate: each ready
-    account's line into its free slots); with no gate configured, every line that may go goes.
-    Messages parked for a version this process speaks go back too. Returns how many were sent."""
+    time came line up, then the enqueue gates send what may go now (the budget gate: the ready
+    accounts' lines into their free slots, for `idle_workers` as many as there are idle workers,
+    EnqueueGate.release_due); with no gate configured, every line that may go goes. Messages
+    parked for a version this process speaks go back too. Returns how many were sent."""
     now = clock.now()
     _, sent = line_up_due(now)
     sent += release_parked()
     gates = enqueue_gates()
     if gates:
-        return sent + sum(gate.release_due() for gate in gates)
+        return sent + sum(gate.release_due(idle_workers=idle_workers) for gate in gates)
     for account_id, queue in Backlog.objects.filter(ready(now)).values_list("account_id", "queue"):
         with transaction.atomic():
             sent += len(release_first(account_id=account_id, queue=queue, limit=LINE_UP_BATCH))

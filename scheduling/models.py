@@ -51,7 +51,13 @@ class TaskRun(models.Model):
 
     class Meta:
         ordering = ["-started_at"]
-        indexes = [models.Index(fields=["account", "started_at"], name="taskrun_account_started")]
+        indexes = [
+            models.Index(fields=["account", "started_at"], name="taskrun_account_started"),
+            # A rate limit's window (budgets.standing): the account's latest starts on one queue,
+            # newest first, read no further than its limit; with the outcome, from the index alone.
+            models.Index(fields=["account", "queue", "-started_at"], name="taskrun_account_queue_started",
+                         include=["outcome"]),
+        ]
 
     def __str__(self) -> str:
         return f"{self.job} {self.ref} [{self.outcome}]"
@@ -74,13 +80,19 @@ class DeferReason(models.TextChoices):
     # Rolling upgrade: the message's envelope version is newer than the worker that got it speaks.
     # Released only by a worker that speaks it (DeferredTask.envelope_version).
     NEEDS_NEWER_WORKER = "needs_newer_worker", "Needs a newer worker"
+    # The account started as many runs on the queue as its rate limit allows in a window: it waits
+    # until the oldest of them leaves the window (budgets.standing.Standing.rate_frees_at).
+    RATE_LIMITED = "rate_limited", "Account at its rate limit"
 
 
 # A job held for one of these waits for a time of its own (its `eligible_at`) before it joins its
 # account's line; for any other reason it joins the line at once and waits for its account.
 OWN_TIME_REASONS = frozenset({DeferReason.RETRY_BACKOFF, DeferReason.SCHEDULED, DeferReason.PAUSED})
 # A job held for one of these until a later time holds up its account's whole line until then.
-ACCOUNT_WAITS_REASONS = frozenset({DeferReason.BUDGET_EXHAUSTED})
+ACCOUNT_WAITS_REASONS = frozenset({DeferReason.BUDGET_EXHAUSTED, DeferReason.RATE_LIMITED})
+# Recorded runs that never started their handler (admission refused it, or the message was
+# unusable): not starts, for a rate limit.
+NOT_STARTED = (Outcome.DEFERRED, Outcome.REJECTED)
 
 
 class DeferredTask(models.Model):
@@ -151,7 +163,8 @@ class Backlog(models.Model):
     """The holding area counted, per account and queue: how many jobs it holds (`held`, and by
     reason: one column per DeferReason), how many of them are in the account's line (`in_line`:
     they go as soon as the account may run), and until when the whole line waits
-    (`blocked_until`: the account's budget is spent until the next budget day). What a worker asks
+    (`blocked_until`: the account's budget is spent until the next budget day, or its rate limit
+    is reached until the oldest start leaves its window). What a worker asks
     per task and per tick about held work ("is anything of this account's in line", "which
     accounts could run now"), and what the views show of it, read this table: their cost follows
     the number of accounts, never the number of held jobs.
@@ -159,8 +172,8 @@ class Backlog(models.Model):
     The counts are kept by database triggers on DeferredTask, in the statement that changes it
     (migration 0012_backlog: per statement for inserts and deletes, per changed row for a change
     of account, queue, place in line or reason); `blocked_until` by scheduling.holding (`block`,
-    `unblock`). A new DeferReason needs a column here and the triggers rewritten (a test checks
-    that every reason has its column).
+    `unblock`). A new DeferReason needs a column here and the triggers rewritten with it
+    (scheduling.triggers; a test checks that every reason has its column).
     """
 
     account = models.ForeignKey("budgets.Account", on_delete=models.CASCADE, related_name="+")
@@ -177,6 +190,7 @@ class Backlog(models.Model):
     paused = models.PositiveIntegerField(default=0)
     message_lost = models.PositiveIntegerField(default=0)
     needs_newer_worker = models.PositiveIntegerField(default=0)
+    rate_limited = models.PositiveIntegerField(default=0)
 
     class Meta:
         constraints = [models.UniqueConstraint(fields=["account", "queue"], name="backlog_unique_account_queue")]

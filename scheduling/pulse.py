@@ -58,7 +58,9 @@ def _loop(interval: float, queue: str, watch: stuck.StuckWatch | None) -> None:
             if time.monotonic() - last_heartbeat >= every:
                 write_heartbeat(queue, stalled_since=stalled_since)
                 last_heartbeat = time.monotonic()
-            release_due()
+            # Held work goes to the broker only for a worker that is idle (this one, when it is):
+            # busy workers take it by hand-off and pull, in the fair order.
+            release_due(idle_workers=None if watch is None else {queue: int(watch.wants_work())})
         except Exception as exc:  # the database may be away for a moment; try again next tick
             logger.warning("worker pulse failed", extra={"error_class": type(exc).__name__})
             connections.close_all()

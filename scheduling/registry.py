@@ -7,7 +7,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from scheduling.envelope import ContractError
+from scheduling.envelope import ContractError, check_priority
 from scheduling.retries import RetryPolicy
 
 if TYPE_CHECKING:
@@ -28,6 +28,12 @@ class Job:
     retry: RetryPolicy = RetryPolicy()
     # Called once the job fails for good (terminal error, or out of attempts): `(ctx, exc)`.
     on_give_up: Callable[["TaskContext", BaseException], None] | None = None
+    # The default priority of its work (-100 to 100): an account's higher-priority held work starts
+    # first; `enqueue(priority=)` overrides it per call.
+    priority: int = 0
+
+    def __post_init__(self) -> None:
+        check_priority(self.priority)
 
 
 class UnknownJob(ContractError):

@@ -33,17 +33,18 @@ logger = logging.getLogger("fairshare.tasks")
 TaskCall = Callable[[TaskContext], None]
 
 
-def enqueue(*, job: str, account: int | None, ref: str, priority: int = 0,
+def enqueue(*, job: str, account: int | None, ref: str, priority: int | None = None,
             run_after: dt.datetime | None = None) -> str | None:
     """Submit work: account work a gate holds back goes to the holding area instead of the broker
     (returns None); everything else is sent (returns the django-q2 task id). With the ORM broker,
     what the gates wrote and the message commit together (`_commits_with_the_broker`).
 
-    `priority` (-100 to 100, higher first) orders the account's held work; between accounts,
-    fairness decides. Work with a `run_after` in the future waits in the holding area until then
+    `priority` (-100 to 100, higher first; default: the job's, `@job(priority=)`) orders the
+    account's held work; between accounts, the weighted fair share decides. Work with a `run_after` in the future waits in the holding area until then
     ("scheduled"), taking no slot and no place in the broker, and then goes as any held work."""
     spec = get_job(job)
-    envelope = Envelope(job=spec.name, account=account, ref=str(ref), priority=check_priority(priority))
+    priority = spec.priority if priority is None else check_priority(priority)
+    envelope = Envelope(job=spec.name, account=account, ref=str(ref), priority=priority)
     if run_after is not None and run_after > clock.now():
         hold_scheduled(envelope=envelope, queue=spec.queue, run_after=run_after)
         return None
@@ -65,9 +66,9 @@ def enqueue(*, job: str, account: int | None, ref: str, priority: int = 0,
         raise
 
 
-def enqueue_many(*, job: str, work: Iterable[tuple[int | None, str]], priority: int = 0) -> list[str | None]:
-    """Submit a batch of one job's work, `(account, ref)` pairs, all of one `priority`: `enqueue`
-    for a flood.
+def enqueue_many(*, job: str, work: Iterable[tuple[int | None, str]], priority: int | None = None) -> list[str | None]:
+    """Submit a batch of one job's work, `(account, ref)` pairs, all of one `priority` (default: the
+    job's): `enqueue` for a flood.
 
     Gates that offer `admit_many` decide the batch in a few statements (the budget gate: one
     transaction per account that sends what fits its free slots and holds the rest with one
@@ -77,7 +78,7 @@ def enqueue_many(*, job: str, work: Iterable[tuple[int | None, str]], priority: 
     already dispatched should be sent with `enqueue`.
     """
     spec = get_job(job)
-    check_priority(priority)
+    priority = spec.priority if priority is None else check_priority(priority)
     envelopes = [Envelope(job=spec.name, account=account, ref=str(ref), priority=priority) for account, ref in work]
     verdicts = [True] * len(envelopes)
     admitted: list[EnqueueGate] = []
@@ -123,11 +124,12 @@ def _undo(gates: list[EnqueueGate], *, envelope: Envelope, queue: str) -> None:
         gate.undo(envelope=envelope, queue=queue)
 
 
-def enqueue_on_commit(*, job: str, account: int | None, ref: str, priority: int = 0,
+def enqueue_on_commit(*, job: str, account: int | None, ref: str, priority: int | None = None,
                       run_after: dt.datetime | None = None) -> None:
     # Enqueue only once the rows the job will load are visible to other connections.
     get_job(job)  # fail fast, in the caller, on an unknown job name or priority
-    check_priority(priority)
+    if priority is not None:
+        check_priority(priority)
     transaction.on_commit(lambda: enqueue(job=job, account=account, ref=ref, priority=priority, run_after=run_after))
 
 

@@ -8,12 +8,14 @@ tables' SQL itself. The portable (ORM) forms of the same rules are scheduling.ho
 Cost, as held jobs and accounts grow (EXPLAINed in tests/scheduling/test_held_work_cost.py):
 `claim` reads the first unclaimed rows of one account's line (index deferred_line), `in_line` and
 `ready_accounts`/`any_ready` read Backlog (its unique key; index backlog_ready over the accounts
-whose line could go now), `complete_claim` and `claim_held` one row by (job, ref).
+whose line could go now), `complete_claim` and `claim_held` one row by (job, ref), a rate limit's
+window (`recent_starts`, `rate_frees_at`) at most the limit's count of TaskRun index entries.
 """
-from scheduling.models import Backlog, DeferredTask, Pause
+from scheduling.models import NOT_STARTED, Backlog, DeferredTask, Pause, TaskRun
 
 _DEFERRED = DeferredTask._meta.db_table
 _BACKLOG = Backlog._meta.db_table
+_RUNS = TaskRun._meta.db_table
 
 
 def claim(*, only_if: str = "TRUE") -> str:
@@ -78,6 +80,28 @@ def any_ready() -> str:
     makes a free worker look, and find nothing). Parameters: queue, now."""
     return (f"EXISTS (SELECT 1 FROM {_BACKLOG} k WHERE k.queue = %(queue)s AND k.in_line > 0 "
             "AND k.blocked_until <= %(now)s)")
+
+
+def _window(*, account: str, queue: str, period_s: str) -> str:
+    return (f"FROM {_RUNS} t WHERE t.account_id = {account} AND t.queue = {queue} "
+            f"AND t.started_at > %(wall_now)s - make_interval(secs => {period_s}) "
+            f"AND t.outcome NOT IN ({', '.join(repr(str(o)) for o in NOT_STARTED)})")
+
+
+def recent_starts(*, account: str, queue: str, limit: str, period_s: str) -> str:
+    """How many runs of the account started on the queue in the last `period_s` seconds (a rate
+    limit's window), counted no further than `limit` (SQL expressions all). Reads at most `limit`
+    entries of index taskrun_account_queue_started, whatever the history holds.
+    Parameters: wall_now (TaskRun's clock: the database's, not the kernel's)."""
+    return f"(SELECT COUNT(*) FROM (SELECT 1 {_window(account=account, queue=queue, period_s=period_s)} LIMIT {limit}) n)"
+
+
+def rate_frees_at(*, account: str, queue: str, limit: str, period_s: str) -> str:
+    """When the account's `limit`-th latest start in the window leaves it (NULL: fewer started): from
+    then it may start one more. Reads at most `limit` index entries, as `recent_starts`.
+    Parameters: wall_now."""
+    return (f"(SELECT t.started_at + make_interval(secs => {period_s}) {_window(account=account, queue=queue, period_s=period_s)} "
+            f"ORDER BY t.started_at DESC OFFSET {limit} - 1 LIMIT 1)")
 
 
 def paused(*, account: str, queue: str) -> str:

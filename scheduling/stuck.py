@@ -77,6 +77,11 @@ class StuckWatch:
     def task_ended(self, **kwargs) -> None:
         self.in_task = False
 
+    def wants_work(self) -> bool:
+        """Whether this worker is idle with nothing waiting for it in its pool: held work released
+        now would be its to run."""
+        return not self.in_task and waiting_tasks(self.queue) == 0
+
     def look(self, now: float | None = None) -> float | None:
         """Seconds this idle worker has watched work wait in its pool without starting any (None:
         working, or nothing waits)."""

@@ -10,6 +10,7 @@ from scheduling import clock
 from scheduling.operator import message_results
 from scheduling.pausing import UNTIL_RESUMED
 from scheduling.redaction import redact
+from scheduling.selectors import line_held_up
 from tasks.models import TaskCall
 from tasks.operations import call_cancel, call_retry
 from tasks.selectors import holds_of
@@ -101,14 +102,15 @@ class TaskCallAdmin(ReadOnlyAdmin):
 
 def _eta(held) -> str:
     """What a held call waits for, by the holding area's rules (scheduling.admin's ETA): its own
-    time (a back-off, run_after, a resume), or in its account's line a slot, or the next budget day
-    while the line is blocked."""
+    time (a back-off, run_after, a resume), or in its account's line a slot, or the time its line
+    is held up until (its budget spent, its rate limit reached)."""
     now = clock.now()  # held work's times are on the kernel's (shiftable) clock
     if held.in_line_since is None:
         return "until resumed" if held.eligible_at >= UNTIL_RESUMED else f"until {held.eligible_at:%Y-%m-%d %H:%M:%S} UTC"
-    blocked_until = getattr(held, "line_blocked_until", None)
-    if blocked_until and blocked_until > now:
-        return f"until {blocked_until:%Y-%m-%d %H:%M:%S} UTC: its account's budget is spent"
+    held_up = line_held_up(held, now)
+    if held_up is not None:
+        until, why = held_up
+        return f"until {until:%Y-%m-%d %H:%M:%S} UTC: its account's {'budget is spent' if why == 'budget' else why}"
     return "when a slot frees"
 
 

@@ -1,7 +1,6 @@
 """Reads of the tasks app. (The admin scopes calls per account itself: budgets.tenancy.)"""
-from django.db.models import OuterRef, Subquery
-
-from scheduling.models import Backlog, DeferredTask
+from scheduling.models import DeferredTask
+from scheduling.selectors import with_their_line
 from tasks import routing
 
 
@@ -12,9 +11,7 @@ def holds_of(calls) -> dict[str, DeferredTask]:
     if not ready:
         return {}
     jobs = {routing.job_name(queue=c.queue, system=c.account_id is None) for c in ready}
-    # A job in its account's line waits for a slot, or for the next budget day while the line is
-    # blocked (its Backlog row), as the holding area's own admin reads it.
-    line = Backlog.objects.filter(account_id=OuterRef("account_id"), queue=OuterRef("queue"))
-    held = (DeferredTask.objects.filter(job__in=jobs, ref__in=[str(c.pk) for c in ready])
-            .annotate(line_blocked_until=Subquery(line.values("blocked_until")[:1])))
+    # A job in its account's line waits for a slot, or with its line (its Backlog row), as the
+    # holding area's own admin reads it.
+    held = with_their_line(DeferredTask.objects.filter(job__in=jobs, ref__in=[str(c.pk) for c in ready]))
     return {row.ref: row for row in held}

@@ -145,3 +145,6 @@ def leak_timeout(ctx) -> None:
         raise ConnectionError(" / ".join(SECRETS.values()))
     except ConnectionError:
         time.sleep(_ms(ctx) / 1000)  # django-q2's SIGALRM lands here
+
+# A job whose work goes before the account's other held work unless enqueued with a priority of its own.
+job("tests.noop_urgent", cpu_estimate_ms=10, priority=50)(noop)

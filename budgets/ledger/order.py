@@ -8,9 +8,11 @@ first held job; `broker_waiting` the slots sent more than a moment ago (index re
 """
 import datetime as dt
 
-from django.db.models import Count, Exists, F, IntegerField, OuterRef, Subquery, Value
+from django.db.models import Count, Exists, ExpressionWrapper, F, FloatField, IntegerField, OuterRef, Subquery, Value
 from django.db.models.functions import Coalesce
 from django.utils import timezone
+
+from typing import NamedTuple
 
 from budgets.models import Budget, Reservation, ReservationStatus
 from scheduling import holding, pausing
@@ -24,24 +26,35 @@ IN_FLIGHT = (ReservationStatus.DISPATCHED, ReservationStatus.ACTIVE)
 BROKER_WAIT_YIELD_S = 0.25
 
 
+class Ready(NamedTuple):
+    """An account whose line on `queue` could go now, and its `share`: slots in use per weight."""
+
+    account_id: int
+    queue: str
+    share: float
+
+
 class FairOrder:
-    def ready_accounts(self, *, queue: str | None, now: dt.datetime, limit: int | None = None) -> list[tuple[int, str]]:
+    def ready_accounts(self, *, queue: str | None, now: dt.datetime, limit: int | None = None) -> list[Ready]:
         """(account, queue) of accounts whose line could go now (holding.ready, not paused) and that
-        have a free slot, in fair order: fewest slots in use first, then the one whose first held
-        job has waited longest in line (max-min fair)."""
+        have a free slot, in fair order: fewest slots in use for their weight first, then the one
+        whose first held job has waited longest in line (weighted max-min fair)."""
         in_flight = (Reservation.objects.filter(account_id=OuterRef("account_id"), queue=OuterRef("queue"),
                                                 status__in=IN_FLIGHT)
                      .values("account_id").annotate(n=Count("pk")).values("n"))
-        cap = Budget.objects.filter(account_id=OuterRef("account_id"), queue=OuterRef("queue")).values("max_concurrent")
+        budget = Budget.objects.filter(account_id=OuterRef("account_id"), queue=OuterRef("queue"))
         head = (DeferredTask.objects.filter(account_id=OuterRef("account_id"), queue=OuterRef("queue"),
                                             in_line_since__isnull=False)
                 .order_by(*holding.LINE_ORDER).values("in_line_since")[:1])
         ready = (Backlog.objects.filter(holding.ready(now), **({"queue": queue} if queue else {}))
                  .exclude(pausing.covering_backlog())
                  .annotate(in_flight=Coalesce(Subquery(in_flight, output_field=IntegerField()), Value(0)),
-                           cap=Subquery(cap), head=Subquery(head))
-                 .filter(in_flight__lt=F("cap")).order_by("in_flight", "head"))
-        return list(ready.values_list("account_id", "queue")[:limit])
+                           cap=Subquery(budget.values("max_concurrent")), weight=Subquery(budget.values("weight")),
+                           head=Subquery(head))
+                 .filter(in_flight__lt=F("cap"))
+                 .annotate(share=ExpressionWrapper(F("in_flight") * 1.0 / F("weight"), output_field=FloatField()))
+                 .order_by("share", "head"))
+        return [Ready(*row) for row in ready.values_list("account_id", "queue", "share")[:limit]]
 
     def broker_waiting(self, *, queue: str) -> bool:
         """Whether a job sent to the broker on the queue has waited BROKER_WAIT_YIELD_S without

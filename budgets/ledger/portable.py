@@ -20,14 +20,26 @@ from budgets.ledger import AdmittedAtOnce, Charged, Claimed, PassOn
 from budgets.ledger.order import IN_FLIGHT, FairOrder
 from budgets.models import Budget, Reservation, ReservationStatus, UsageDay
 from budgets.standing import Standing
-from scheduling import holding, pausing
+from scheduling import clock, holding, pausing
 from scheduling.envelope import Envelope
 from scheduling.metering import Meter
 from scheduling.models import TaskRun
+from scheduling.selectors import recent_starts
 from scheduling.services import (
     RunEnd, task_run_end, task_run_mark_running_again, task_run_mark_started, task_run_new,
 )
 
+
+
+def _rate_window(*, account_id: int, queue: str, budget: dict) -> dict:
+    """A rate-limited account's window: its starts counted (up to its limit) and when the oldest of
+    a full window leaves it (on the kernel's clock)."""
+    limit, period = budget["rate_starts"], dt.timedelta(seconds=budget["rate_period_s"])
+    if limit is None:
+        return {}
+    starts = recent_starts(account_id=account_id, queue=queue, since=timezone.now() - period, limit=limit)
+    return {"recent_starts": len(starts),
+            "rate_frees_at": clock.from_wall(starts[-1] + period) if len(starts) >= limit else None}
 
 
 class Ledger(FairOrder):
@@ -45,7 +57,7 @@ class Ledger(FairOrder):
         a job (`envelope`) its own dispatched slot, and whether `claimant` still holds its claim on
         it; the slots taken are not counted for a job that holds a slot of its own."""
         budget = Budget.objects.filter(account_id=account_id, queue=queue).values(
-            "cpu_seconds_per_day", "max_concurrent").first()
+            "cpu_seconds_per_day", "max_concurrent", "weight", "rate_starts", "rate_period_s").first()
         if budget is None:
             return None
         usage = UsageDay.objects.filter(account_id=account_id, queue=queue, day=day).values(
@@ -65,6 +77,8 @@ class Ledger(FairOrder):
             paused=pausing.covered(account_id=account_id, queue=queue),
             claimed=bool(envelope and claimant and holding.claim_held(job=envelope.job, ref=envelope.ref,
                                                                         worker=claimant)),
+            weight=budget["weight"], rate_starts=budget["rate_starts"], rate_period_s=budget["rate_period_s"],
+            **_rate_window(account_id=account_id, queue=queue, budget=budget),
         )
 
     def usage_id(self, state: Standing, *, account_id: int, queue: str, day: dt.date) -> int:
@@ -160,7 +174,9 @@ class Ledger(FairOrder):
             if slot.task_run_id:
                 task_run_end(run_id=slot.task_run_id, end=end)
         return Charged(slot.task_run_id, active, in_line=holding.in_line(account_id=account_id, queue=queue),
-                       waiting=holding.any_ready(queue=queue, now=now))
+                       waiting=holding.any_ready(queue=queue, now=now),
+                       others_waiting=any(ready.account_id != account_id for ready in
+                                          self.ready_accounts(queue=queue, now=now, limit=2)))
 
     def claim_for(self, *, account_id: int, queue: str, day: dt.date, worker: str,
                   yield_to_broker: bool) -> Claimed | None:

@@ -19,7 +19,7 @@ from django.utils import timezone
 from budgets import standing
 from budgets.ledger import AdmittedAtOnce, Charged, Claimed, PassOn, portable
 from budgets.ledger import statements as s
-from budgets.ledger.order import BROKER_WAIT_YIELD_S
+from budgets.ledger.order import BROKER_WAIT_YIELD_S, Ready
 from budgets.models import Queue, ReservationStatus
 from budgets.standing import Standing
 from scheduling import clock, db, sql
@@ -52,21 +52,23 @@ class Ledger(portable.Ledger):
                  claimant: str | None = None) -> Standing | None:
         job, ref = (envelope.job, envelope.ref) if envelope is not None else ("", "")
         row = _one(s.STANDING, {"account_id": account_id, "queue": queue, "day": day, "job": job, "ref": ref,
-                                "claimant": claimant, "now": clock.now()})
+                                "claimant": claimant, "now": clock.now(), "wall_now": timezone.now()})
         if row is None:
             return None
         cpu_seconds, max_concurrent, usage_id, used, reserved, in_flight, active, in_line, blocked, own, paused, \
-            claimed = row
+            claimed, weight, rate_starts, rate_period_s, recent_starts, rate_frees_at = row
         return Standing(cpu_limit_ms=cpu_seconds * 1000, max_concurrent=max_concurrent, usage_id=usage_id,
                         cpu_used_ms=used, cpu_reserved_ms=reserved, in_flight=in_flight, active=active,
-                        in_line=in_line, blocked=blocked, own_slot=own, paused=paused, claimed=claimed)
+                        in_line=in_line, blocked=blocked, own_slot=own, paused=paused, claimed=claimed,
+                        weight=weight, rate_starts=rate_starts, rate_period_s=rate_period_s,
+                        recent_starts=recent_starts, rate_frees_at=clock.from_wall(rate_frees_at))
 
-    def ready_accounts(self, *, queue: str | None, now: dt.datetime, limit: int | None = None) -> list[tuple[int, str]]:
+    def ready_accounts(self, *, queue: str | None, now: dt.datetime, limit: int | None = None) -> list[Ready]:
         if queue is None:
             return [pair for q in _queues() for pair in self.ready_accounts(queue=q, now=now, limit=limit)]
         with db.cursor() as cursor:
             cursor.execute(s.READY_ACCOUNTS, {"queue": queue, "now": now, "limit": limit})
-            return [(account_id, queue) for (account_id,) in cursor.fetchall()]
+            return [Ready(account_id, queue, share) for account_id, share in cursor.fetchall()]
 
     def dispatch_if_free(self, *, envelope: Envelope, queue: str, day: dt.date) -> bool:
         return _one(s.DISPATCH_IF_FREE, {
@@ -122,8 +124,9 @@ class Ledger(portable.Ledger):
         row = _one(s.SETTLE.format(run_end=run_end_sql), params)
         if row is None:
             return None
-        task_run_id, status, in_line, waiting = row
-        return Charged(task_run_id, status == ReservationStatus.ACTIVE, in_line=in_line, waiting=waiting)
+        task_run_id, status, in_line, waiting, others_waiting = row
+        return Charged(task_run_id, status == ReservationStatus.ACTIVE, in_line=in_line, waiting=waiting,
+                       others_waiting=others_waiting)
 
     def _charge_and_pass_on(self, params: dict, run_end_sql: str, pass_on: PassOn) -> Charged | None:
         account_id, queue, now = params["account_id"], params["queue"], params["now"]
@@ -137,13 +140,15 @@ class Ledger(portable.Ledger):
         row = _one(s.SETTLE_AND_PASS_ON.format(run_end=run_end_sql, new_run=new_run_sql), params)
         if row is None:
             return None
-        task_run_id, status, in_line, waiting, job, ref, slot_id, run.pk, reserved_ms, usage_id, priority = row
+        task_run_id, status, in_line, waiting, others_waiting, job, ref, slot_id, run.pk, reserved_ms, usage_id, \
+            priority = row
         passed = None
         if job is not None:
             run.job, run.ref = job, ref
             passed = Claimed(Envelope(job=job, account=account_id, ref=ref, priority=priority), slot_id, run=run,
                              reserved_ms=reserved_ms, usage_id=usage_id)
-        return Charged(task_run_id, status == ReservationStatus.ACTIVE, in_line=in_line, waiting=waiting, passed=passed)
+        return Charged(task_run_id, status == ReservationStatus.ACTIVE, in_line=in_line, waiting=waiting,
+                       others_waiting=others_waiting, passed=passed)
 
     def _claim_params(self, *, account_id: int, queue: str, day: dt.date, worker: str) -> dict:
         """A claim's: its expiry on the kernel's clock (the holding area's), its slot's lease on the wall clock."""

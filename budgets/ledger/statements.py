@@ -43,6 +43,15 @@ def broker_waiting() -> str:
             f"AND w.created_at < %(broker_since)s AND NOT {sql.is_held(job='w.job', ref='w.ref')})")
 
 
+def others_ready() -> str:
+    """"Another account could take a free worker now": one whose line on the queue could go (Backlog,
+    index backlog_ready: in line, not held up, not paused) below its cap. What a pull reads, to its
+    first such account. Parameters: account_id (the one left out), queue, now."""
+    return (f"EXISTS (SELECT 1 FROM ({sql.ready_accounts()}) k JOIN {B} b ON b.account_id = k.account_id "
+            "AND b.queue = %(queue)s WHERE k.account_id <> %(account_id)s "
+            f"AND {slots(account='k.account_id', queue='%(queue)s')} < b.max_concurrent)")
+
+
 # --- The statements -------------------------------------------------------------------------------
 
 # The lock: a write that changes nothing, so that the row gets a new version (xmin) each time it is
@@ -53,13 +62,18 @@ LOCK_SKIP_LOCKED = (f"UPDATE {B} SET max_concurrent = max_concurrent WHERE id = 
 
 # The account's standing (budgets.standing.Standing): its Budget and day's usage by unique key, the
 # job's own slot by (job, ref) in the slots' index, the slots taken (only for a job without a slot
-# of its own: CASE evaluates the count only then), its Backlog row, the pauses, its claim by (job, ref).
+# of its own: CASE evaluates the count only then), its Backlog row, the pauses, its claim by (job,
+# ref), and for a rate-limited account its window: at most rate_starts TaskRun index entries.
+_WINDOW = {"account": "b.account_id", "queue": "b.queue", "limit": "b.rate_starts", "period_s": "b.rate_period_s"}
 STANDING = f"""
 SELECT b.cpu_seconds_per_day, b.max_concurrent, u.id, COALESCE(u.cpu_used_ms, 0), COALESCE(u.cpu_reserved_ms, 0),
        CASE WHEN o.id IS NULL THEN {slots(account='b.account_id', queue='b.queue')} END,
        {running(account='b.account_id', queue='b.queue')},
        {sql.in_line(account='b.account_id', queue='b.queue')}, {sql.blocked(account='b.account_id', queue='b.queue')}, o.id,
-       {sql.paused(account='b.account_id', queue='b.queue')}, {sql.claim_held()}
+       {sql.paused(account='b.account_id', queue='b.queue')}, {sql.claim_held()},
+       b.weight, b.rate_starts, b.rate_period_s,
+       CASE WHEN b.rate_starts IS NOT NULL THEN {sql.recent_starts(**_WINDOW)} ELSE 0 END,
+       CASE WHEN b.rate_starts IS NOT NULL THEN {sql.rate_frees_at(**_WINDOW)} END
   FROM {B} b
   LEFT JOIN {U} u ON u.account_id = b.account_id AND u.queue = b.queue AND u.day = %(day)s
   LEFT JOIN LATERAL (SELECT MIN(r.id) AS id FROM {R} r WHERE r.account_id = b.account_id AND r.queue = b.queue
@@ -70,14 +84,15 @@ _SLOT_COLUMNS = ("account_id, queue, day, job, ref, status, lease_expires_at, cr
                  "cpu_reserved_ms, cpu_reported_ms, cpu_charged_ms, task_run_id")
 
 # The enqueue check's common case, no lock: a dispatched slot for the job when its account has
-# budget left today, a free slot on the queue, nothing in line there and no slot of the job's own.
+# budget left today, a free slot on the queue, nothing in line there, no slot of the job's own and
+# no rate limit (a rate-limited account's starts are decided under the lock: budgets.standing).
 # Reads the account's Budget, usage row, slots and Backlog row.
 DISPATCH_IF_FREE = f"""
 INSERT INTO {R} ({_SLOT_COLUMNS})
 SELECT b.account_id, b.queue, %(day)s::date, %(job)s::varchar, %(ref)s::varchar, {DISPATCHED}, %(lease)s::timestamptz,
        %(created_at)s::timestamptz, '', 0, 0, 0, NULL
   FROM {B} b LEFT JOIN {U} u ON u.account_id = b.account_id AND u.queue = b.queue AND u.day = %(day)s
- WHERE b.account_id = %(account_id)s AND b.queue = %(queue)s
+ WHERE b.account_id = %(account_id)s AND b.queue = %(queue)s AND b.rate_starts IS NULL
    AND {unreserved(limit_s='b.cpu_seconds_per_day', usage='u')} > 0
    AND b.max_concurrent > {slots(account='b.account_id', queue='b.queue')}
    AND NOT {sql.in_line(account='b.account_id', queue='b.queue')}
@@ -90,7 +105,8 @@ RETURNING id"""
 # as the lock does (`b`), but only if the row is still the version its snapshot saw: every lock
 # holder writes that row, so a later version means one committed since (or, waited for, just did)
 # and whatever it counted is not in this snapshot; then nothing else happens. Holding that row to
-# its commit, it decides on counts as exact as under the lock: the running slots (`s`: only a lock
+# its commit, it decides on counts as exact as under the lock (a rate-limited account's it leaves to
+# the lock): the running slots (`s`: only a lock
 # holder adds one; the lock-free settlement and pass-on never add to them), the own slot locked
 # (`o`), and the budget by a conditional UPDATE of the day's usage row, checked on its latest version
 # (`u`: the lock-free pass-on and RESERVE_IF_LEFT change it too). The run's record (`t`) and the
@@ -100,7 +116,7 @@ WITH b AS (
   UPDATE {B} SET max_concurrent = max_concurrent
    WHERE account_id = %(account_id)s AND queue = %(queue)s
      AND xmin = (SELECT xmin FROM {B} WHERE account_id = %(account_id)s AND queue = %(queue)s)
-  RETURNING account_id, queue, cpu_seconds_per_day, max_concurrent),
+  RETURNING account_id, queue, cpu_seconds_per_day, max_concurrent, rate_starts),
 o AS (
   SELECT r.id FROM {R} r
    WHERE r.id = (SELECT MIN(x.id) FROM {R} x WHERE x.account_id = %(account_id)s AND x.queue = %(queue)s
@@ -109,7 +125,7 @@ o AS (
   FOR UPDATE),
 s AS (
   SELECT o.id AS own_id, b.cpu_seconds_per_day FROM b, o
-   WHERE {running(account='b.account_id', queue='b.queue')} < b.max_concurrent),
+   WHERE {running(account='b.account_id', queue='b.queue')} < b.max_concurrent AND b.rate_starts IS NULL),
 u AS (
   UPDATE {U} AS day_usage SET cpu_reserved_ms = day_usage.cpu_reserved_ms + %(reserve_ms)s FROM s
    WHERE day_usage.account_id = %(account_id)s AND day_usage.queue = %(queue)s AND day_usage.day = %(day)s
@@ -156,21 +172,25 @@ RUN_OF_R = "(SELECT task_run_id FROM r)"
 
 # The settlement, no lock (it only frees): the slot deleted (exactly once: no row, nothing charged),
 # its run charged and recorded (`t`), and whether the account has work in line and whether any
-# account of the queue could go now, read with it (Backlog, by key and by index backlog_ready).
+# account of the queue could go now (Backlog, by key and by index backlog_ready), and whether another
+# account could take a free worker (`others_ready`), read with it.
 SETTLE = (f"WITH r AS ({DELETE_SLOT}), c AS ({charge()}), t AS ({{run_end}}) "
           f"SELECT r.task_run_id, r.status, {sql.in_line(account='%(account_id)s', queue='%(queue)s')}, "
-          f"{sql.any_ready()} FROM r")
+          f"{sql.any_ready()}, {others_ready()} FROM r")
 
 # What a pass-on keeps of the run's reservation for the next job: what it did not use, at most a step.
 KEPT = "LEAST(r.cpu_reserved_ms - %(cpu_ms)s, %(step_ms)s)"
 # When a settlement may pass its slot on (the composer's condition on its own `r`, given to the
 # kernel's claim): a run of today that reserved from the day and left at least half a step, no
-# pause, fewer running than the cap (an operator may have lowered it), no job waiting in the broker.
+# pause, fewer running than the cap (an operator may have lowered it), no rate limit (decided under
+# the lock), no other account's line that could go (then the slot goes by the fair order: a pull),
+# no job waiting in the broker.
 PASS_ON_IF = f"""EXISTS (SELECT 1 FROM r WHERE r.status = {ACTIVE} AND r.day = %(today)s AND r.cpu_charged_ms = 0
                       AND r.cpu_reserved_ms - %(cpu_ms)s >= %(keep_at_least)s)
   AND NOT {sql.paused(account='%(account_id)s', queue='%(queue)s')}
   AND {running(account='%(account_id)s', queue='%(queue)s', but='(SELECT id FROM r)')}
-      < (SELECT max_concurrent FROM {B} WHERE account_id = %(account_id)s AND queue = %(queue)s)
+      < (SELECT max_concurrent FROM {B} WHERE account_id = %(account_id)s AND queue = %(queue)s AND rate_starts IS NULL)
+  AND NOT {others_ready()}
   AND NOT {broker_waiting()}"""
 
 # The settlement that passes its slot on, no lock: as SETTLE, and the first job of the account's
@@ -188,7 +208,7 @@ SETTLE_AND_PASS_ON = (
     "(SELECT id FROM s) FROM h, r "
     "RETURNING job, ref, id, task_run_id, cpu_reserved_ms) "
     f"SELECT r.task_run_id, r.status, {sql.in_line(account='%(account_id)s', queue='%(queue)s')}, {sql.any_ready()}, "
-    "n.job, n.ref, n.id, n.task_run_id, n.cpu_reserved_ms, (SELECT id FROM c), (SELECT priority FROM h) "
+    f"{others_ready()}, n.job, n.ref, n.id, n.task_run_id, n.cpu_reserved_ms, (SELECT id FROM c), (SELECT priority FROM h) "
     "FROM r LEFT JOIN n ON TRUE")
 
 # A hand-off under the lock (which read the standing): the first job of the account's line claimed
@@ -222,14 +242,16 @@ WITH u AS (UPDATE {U} u SET cpu_reserved_ms = u.cpu_reserved_ms + %(ms)s FROM {B
 UPDATE {R} SET cpu_reserved_ms = cpu_reserved_ms + %(ms)s WHERE id = %(slot_id)s AND EXISTS (SELECT 1 FROM u)
 RETURNING 1"""
 
-# Accounts whose line on the queue could go now and that have a free slot, in fair order: fewest
-# slots in use first, then the one whose first held job has waited longest in line. Reads the
-# Backlog of the accounts whose line could go now (index backlog_ready), their Budget, slots and
-# first held job: O(accounts that could run), whatever is held.
+# Accounts whose line on the queue could go now and that have a free slot, in fair order (the
+# scheduling order's first half: docs/architecture.md): fewest slots in use for their weight first,
+# then the one whose first held job has waited longest in line. Reads the Backlog of the accounts
+# whose line could go now (index backlog_ready), their Budget, slots and first held job:
+# O(accounts that could run), whatever is held.
 READY_ACCOUNTS = f"""
-SELECT c.account_id FROM (
-  SELECT k.account_id, k.head_since, b.max_concurrent, {slots(account='k.account_id', queue='%(queue)s')} AS in_flight
+SELECT c.account_id, c.in_flight::float / c.weight FROM (
+  SELECT k.account_id, k.head_since, b.max_concurrent, b.weight,
+         {slots(account='k.account_id', queue='%(queue)s')} AS in_flight
     FROM ({sql.ready_accounts()}) k JOIN {B} b ON b.account_id = k.account_id AND b.queue = %(queue)s) c
  WHERE c.in_flight < c.max_concurrent
- ORDER BY c.in_flight, c.head_since
+ ORDER BY c.in_flight::float / c.weight, c.head_since
  LIMIT %(limit)s"""

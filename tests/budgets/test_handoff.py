@@ -92,10 +92,15 @@ def test_free_workers_pull_other_accounts_held_work_without_exceeding_any_cap(st
         assert_ran_once_within_cap_in_order(account, sent[account], cap=cap)
 
 
-def kill_a_claimant(account, start_cluster, tmp_path, *, fault: str) -> tuple[object, list[str], DeferredTask]:
-    """A cap-1 backlog of 8 jobs in a cluster whose worker SIGKILLs itself at `fault` (once),
-    holding a claimed job; returns the cluster, the refs, and the job its dead worker claimed."""
-    give_budget(account, cpu_seconds=1000, max_concurrent=1)
+def kill_a_claimant(account, start_cluster, tmp_path, *, fault: str,
+                    rate: tuple[int, int] | None = None) -> tuple[object, list[str], DeferredTask]:
+    """A cap-1 backlog of 8 jobs (with `rate`, a rate limit of so many starts per so many seconds)
+    in a cluster whose worker SIGKILLs itself at `fault` (once), holding a claimed job; returns the
+    cluster, the refs, and the job its dead worker claimed."""
+    budget = give_budget(account, cpu_seconds=1000, max_concurrent=1)
+    if rate is not None:
+        budget.rate_starts, budget.rate_period_s = rate
+        budget.save()
     marker = tmp_path / "fault-fired"
     cluster = start_cluster(
         "default", FAIRSHARE_WORKERS="2", FAIRSHARE_FAULT=fault, FAIRSHARE_FAULT_MARKER=str(marker),

@@ -206,6 +206,10 @@ def test_the_holding_area_says_what_each_job_waits_for_and_until_when(client, ro
     other = AccountFactory(slug="spent")
     hold(envelope=Envelope(job="tests.noop", account=other.pk, ref="budget"), queue="default",
          reason=DeferReason.BUDGET_EXHAUSTED, eligible_at=budget_clock.next_reset())
+    limited = AccountFactory(slug="limited")  # at its rate limit for ten more minutes, a job behind
+    for ref, reason in (("rate", DeferReason.RATE_LIMITED), ("behind-rate", DeferReason.QUEUED_BEHIND)):
+        hold(envelope=Envelope(job="tests.noop", account=limited.pk, ref=ref), queue="default", reason=reason,
+             eligible_at=now + dt.timedelta(minutes=10))
     client.force_login(root)
 
     page = client.get(reverse("admin:scheduling_deferredtask_changelist")).content.decode()
@@ -213,3 +217,4 @@ def test_the_holding_area_says_what_each_job_waits_for_and_until_when(client, ro
     assert "in 3\xa0minutes" in page or "in 4\xa0minutes" in page
     assert "when resumed" in page and "when a slot frees" in page
     assert "(its account&#x27;s budget)" in page or "(its account's budget)" in page
+    assert page.count("(its account&#x27;s rate limit)") + page.count("(its account's rate limit)") == 2

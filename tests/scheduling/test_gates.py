@@ -33,7 +33,7 @@ class RecordingGate(EnqueueGate):
     def undo(self, *, envelope, queue):
         calls.append(("undo", self, envelope.ref))
 
-    def release_due(self):
+    def release_due(self, *, idle_workers=None):
         calls.append(("release_due", self))
         return 0
 

@@ -18,7 +18,7 @@ from budgets.ledger import statements as s
 from budgets.models import Account, Budget, UsageDay
 from scheduling import clock, holding, sql
 from scheduling.envelope import Envelope
-from scheduling.models import Backlog, DeferReason, DeferredTask
+from scheduling.models import Backlog, DeferReason, DeferredTask, Outcome, TaskRun
 from tests.factories import AccountFactory
 
 pytestmark = pytest.mark.django_db
@@ -29,13 +29,13 @@ LONG_LINE = 9_027  # one account at its cap with a line this long
 TIMED = 1_000  # retries waiting for their back-off, spread over accounts
 
 
-def rows_read(statement: str, params) -> dict[str, int]:
-    """Rows the statement reads from each holding-area table (EXPLAIN ANALYZE)."""
+def rows_read(statement: str, params, tables=HELD_TABLES) -> dict[str, int]:
+    """Rows the statement reads from each of `tables` (the holding area's: EXPLAIN ANALYZE)."""
     with connection.cursor() as cursor:
         cursor.execute("EXPLAIN (ANALYZE, FORMAT JSON) " + statement, params)
         plan = cursor.fetchone()[0]
     plan = (json.loads(plan) if isinstance(plan, str) else plan)[0]["Plan"]
-    read = dict.fromkeys(HELD_TABLES, 0)
+    read = dict.fromkeys(tables, 0)
 
     def walk(node) -> None:
         if node.get("Relation Name") in read:
@@ -110,9 +110,13 @@ def test_each_question_about_held_work_reads_a_bounded_number_of_rows(holding_ar
         "pull's choice": (s.READY_ACCOUNTS, {"queue": "default", "now": now, "limit": 4}),
         # "Could any account of the queue go now" (read with every settlement).
         "settlement's question": ("SELECT " + sql.any_ready(), {"queue": "default", "now": now}),
+        # "Could another account take a free worker" (read with every settlement: its slot then goes
+        # by the fair order).
+        "settlement's other question": ("SELECT " + s.others_ready(),
+                                        {"queue": "default", "now": now, "account_id": capped.pk}),
         # An account's standing (every admission under the lock, every hand-off and release).
         "standing": (s.STANDING, {"account_id": capped.pk, "queue": "default", "day": budget_clock.budget_day(),
-                                  "job": "", "ref": "", "claimant": None, "now": now}),
+                                  "job": "", "ref": "", "claimant": None, "now": now, "wall_now": now}),
         # The enqueue check's common case: the account's line says "queued behind".
         "enqueue check": (s.DISPATCH_IF_FREE, {"account_id": capped.pk, "queue": "default",
                                                "day": budget_clock.budget_day(), "job": "tests.noop", "ref": "new",
@@ -131,7 +135,7 @@ def test_the_portable_forms_read_a_bounded_number_of_rows_too(holding_area):
     now, capped, light = holding_area["now"], holding_area["capped"], holding_area["light"]
     portable_ledger = portable.Ledger()
     UsageDay.objects.create(account=light, queue="default", day=budget_clock.budget_day())
-    assert portable_ledger.ready_accounts(queue="default", now=now, limit=4) == [
+    assert [ready[:2] for ready in portable_ledger.ready_accounts(queue="default", now=now, limit=4)] == [
         (light.pk, "default"), (holding_area["lighter"].pk, "default")]
     checks = {
         "claim": lambda: holding.claim(account_id=capped.pk, queue="default", worker="w", lease_s=30),
@@ -143,3 +147,24 @@ def test_the_portable_forms_read_a_bounded_number_of_rows_too(holding_area):
     for name, run in checks.items():
         read = orm_rows_read(run)
         assert sum(read.values()) <= 10, (name, read)
+
+
+def test_a_rate_limits_window_reads_no_more_than_its_limit_of_history():
+    """A rate-limited account's standing reads its window (its latest starts) from TaskRun's index
+    no further than its limit, however many runs it has on record, in the window or before it."""
+    account = AccountFactory()
+    Budget.objects.create(account=account, queue="default", cpu_seconds_per_day=100, max_concurrent=1,
+                          rate_starts=50, rate_period_s=60)
+    now = clock.now()
+    TaskRun.objects.bulk_create(
+        [TaskRun(account=account, queue="default", job="tests.noop", ref=f"r{i}", outcome=Outcome.SUCCEEDED,
+                 started_at=now - dt.timedelta(seconds=(i % 20_000) * 0.002 if i < 20_000 else 3600 + i))
+         for i in range(30_000)], batch_size=5_000)
+    with connection.cursor() as cursor:
+        cursor.execute(f"ANALYZE {TaskRun._meta.db_table}")
+    params = {"account_id": account.pk, "queue": "default", "day": budget_clock.budget_day(), "job": "", "ref": "",
+              "claimant": None, "now": now, "wall_now": now}
+    read = rows_read(s.STANDING, params, tables=(TaskRun._meta.db_table,))
+    assert read[TaskRun._meta.db_table] <= 2 * 50 + 4, read  # the count's 50 and the oldest-in-window's 50
+    state = ledger().standing(account_id=account.pk, queue="default", day=budget_clock.budget_day())
+    assert state.rate_full and state.recent_starts == 50 and state.rate_frees_at is not None

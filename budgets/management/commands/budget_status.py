@@ -10,8 +10,8 @@ TOP = 50
 
 class Command(BaseCommand):
     help = ("Today's budget per account and queue: CPU limit, used, reserved, remaining; running tasks, "
-            "tasks sent to the broker and not started (each holds a slot too) and held tasks; and when "
-            f"the budget day resets. Without --account: the {TOP} budgets that used the most CPU today "
+            "tasks sent to the broker and not started (each holds a slot too) and held tasks; its weight and "
+            "rate limit with the starts in its window; and when the budget day resets. Without --account: the {TOP} budgets that used the most CPU today "
             "(--top N for another number, --all for every account, by slug).")
 
     def add_arguments(self, parser):
@@ -34,18 +34,22 @@ class Command(BaseCommand):
                 {"account": r.account, "queue": r.queue, "day": r.day.isoformat(),
                  "cpu_limit_ms": r.cpu_limit_ms, "cpu_used_ms": r.cpu_used_ms, "cpu_reserved_ms": r.cpu_reserved_ms,
                  "cpu_remaining_ms": r.cpu_remaining_ms, "running": r.running, "sent": r.sent,
-                 "max_concurrent": r.max_concurrent, "held": r.held, "next_reset": r.next_reset.isoformat()}
+                 "max_concurrent": r.max_concurrent, "held": r.held, "weight": r.weight,
+                 "rate_limit": None if r.rate_starts is None else {
+                     "starts": r.rate_starts, "period_s": r.rate_period_s, "recent_starts": r.recent_starts,
+                     "reached": r.rate_full},
+                 "next_reset": r.next_reset.isoformat()}
                 for r in rows
             ], indent=2))
             return
         header = (f"{'account':<16} {'queue':<8} {'limit s':>9} {'used s':>9} {'reserved s':>10} {'left s':>9} "
-                  f"{'running':>9} {'sent':>6} {'held':>6}")
+                  f"{'running':>9} {'sent':>6} {'held':>6} {'weight':>6}  rate")
         self.stdout.write(header)
         for r in rows:
             self.stdout.write(
                 f"{r.account:<16} {r.queue:<8} {r.cpu_limit_ms / 1000:>9.1f} {r.cpu_used_ms / 1000:>9.1f} "
                 f"{r.cpu_reserved_ms / 1000:>10.1f} {r.cpu_remaining_ms / 1000:>9.1f} "
-                f"{f'{r.running}/{r.max_concurrent}':>9} {r.sent:>6} {r.held:>6}"
+                f"{f'{r.running}/{r.max_concurrent}':>9} {r.sent:>6} {r.held:>6} {r.weight:>6}  {r.rate or '-'}"
             )
         if rows:
             self.stdout.write(f"budget day {rows[0].day}, next reset {rows[0].next_reset:%Y-%m-%d %H:%M %Z}")

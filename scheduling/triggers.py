@@ -1,0 +1,130 @@
+"""The triggers that keep Backlog's counts (scheduling.models.Backlog) on scheduling_deferredtask,
+written for a given list of DeferReasons (Backlog has one count column per reason): the migrations
+that create them (0012_backlog) and rewrite them when a reason comes (0014_rate_limited) each pass
+the reasons they know, so an old migration keeps creating the triggers it always created.
+
+On PostgreSQL: per statement for inserts and deletes (transition tables: a bulk hold of thousands
+of one account's jobs updates its Backlog row once, not once per job, which within one transaction
+would leave a version of that row per job), and per changed row for a change of a row's account,
+queue, place in line or reason (a claim, which changes none of these, fires nothing). On SQLite, the
+demo's database: row triggers of its own.
+"""
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Triggers:
+    reasons: tuple[str, ...]
+
+    @property
+    def counts(self) -> tuple[str, ...]:
+        """Backlog's count columns, in this order everywhere."""
+        return ("held", "in_line", *self.reasons)
+
+    def _counted(self) -> tuple[str, ...]:
+        """Each count of a set of held rows, in `counts`' order (PostgreSQL aggregates)."""
+        return ("count(*)", "count(in_line_since)", *(f"count(*) FILTER (WHERE reason = '{r}')" for r in self.reasons))
+
+    def _row_counts(self, row: str) -> str:
+        """Each count of one row (`OLD`, `NEW`), in `counts`' order, as 0 or 1 (PostgreSQL and SQLite)."""
+        return ", ".join(["1", f"(CASE WHEN {row}.in_line_since IS NULL THEN 0 ELSE 1 END)",
+                          *(f"(CASE WHEN {row}.reason = '{reason}' THEN 1 ELSE 0 END)" for reason in self.reasons)])
+
+    def _upsert(self, counts_sql: str) -> str:
+        """Add counts, given as a SELECT of (account_id, queue, *counts, blocked_until), to Backlog."""
+        columns = ", ".join(self.counts)
+        updates = ", ".join(f"{c} = scheduling_backlog.{c} + EXCLUDED.{c}" for c in self.counts)
+        return (f"INSERT INTO scheduling_backlog (account_id, queue, {columns}, blocked_until) {counts_sql} "
+                f"ON CONFLICT (account_id, queue) DO UPDATE SET {updates}")
+
+    def _take(self, values: str, *, where: str) -> str:
+        """Take counts (`values`: expressions in `counts`' order) from the Backlog row `where` names."""
+        return ("UPDATE scheduling_backlog SET "
+                + ", ".join(f"{c} = {c} - {v}" for c, v in zip(self.counts, values.split(", "))) + f" WHERE {where}")
+
+    def postgresql(self) -> str:
+        counts, counted = self.counts, self._counted()
+        # The rows a statement inserted, counted per account and queue (in that order: every
+        # statement locks its Backlog rows in one order, so two of them never wait for each other).
+        added = (f"SELECT account_id, queue, {', '.join(counted)}, TIMESTAMPTZ '1970-01-01 00:00:00+00' FROM added "
+                 "WHERE account_id IS NOT NULL GROUP BY account_id, queue ORDER BY account_id, queue")
+        return f"""
+CREATE FUNCTION scheduling_backlog_add() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+  {self._upsert(added)};
+  RETURN NULL;
+END $$;
+CREATE FUNCTION scheduling_backlog_take() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+  UPDATE scheduling_backlog k SET {", ".join(f"{c} = k.{c} - d.{c}" for c in counts)}
+    FROM (SELECT account_id, queue, {", ".join(f"{agg} AS {c}" for agg, c in zip(counted, counts))}
+            FROM taken WHERE account_id IS NOT NULL GROUP BY account_id, queue) d
+   WHERE k.account_id = d.account_id AND k.queue = d.queue;
+  RETURN NULL;
+END $$;
+CREATE FUNCTION scheduling_backlog_recount() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+  IF OLD.account_id IS NOT NULL THEN
+    {self._take(self._row_counts("OLD"), where="account_id = OLD.account_id AND queue = OLD.queue")};
+  END IF;
+  IF NEW.account_id IS NOT NULL THEN
+    {self._upsert(f"VALUES (NEW.account_id, NEW.queue, {self._row_counts('NEW')}, TIMESTAMPTZ '1970-01-01 00:00:00+00')")};
+  END IF;
+  RETURN NULL;
+END $$;
+CREATE TRIGGER scheduling_backlog_add AFTER INSERT ON scheduling_deferredtask
+  REFERENCING NEW TABLE AS added FOR EACH STATEMENT EXECUTE FUNCTION scheduling_backlog_add();
+CREATE TRIGGER scheduling_backlog_take AFTER DELETE ON scheduling_deferredtask
+  REFERENCING OLD TABLE AS taken FOR EACH STATEMENT EXECUTE FUNCTION scheduling_backlog_take();
+CREATE TRIGGER scheduling_backlog_recount AFTER UPDATE OF account_id, queue, in_line_since, reason
+  ON scheduling_deferredtask FOR EACH ROW
+  WHEN (OLD.account_id IS DISTINCT FROM NEW.account_id OR OLD.queue IS DISTINCT FROM NEW.queue
+        OR (OLD.in_line_since IS NULL) <> (NEW.in_line_since IS NULL) OR OLD.reason IS DISTINCT FROM NEW.reason)
+  EXECUTE FUNCTION scheduling_backlog_recount();
+"""
+
+    def sqlite(self) -> list[str]:
+        changed = ("OLD.account_id IS NOT NEW.account_id OR OLD.queue IS NOT NEW.queue "
+                   "OR (OLD.in_line_since IS NULL) <> (NEW.in_line_since IS NULL) OR OLD.reason IS NOT NEW.reason")
+        add = self._upsert(f"SELECT NEW.account_id, NEW.queue, {self._row_counts('NEW')}, '1970-01-01 00:00:00' WHERE TRUE")
+        take = self._take(self._row_counts("OLD"), where="account_id = OLD.account_id AND queue = OLD.queue")
+        return [
+            f"CREATE TRIGGER scheduling_backlog_insert AFTER INSERT ON scheduling_deferredtask "
+            f"WHEN NEW.account_id IS NOT NULL BEGIN {add}; END",
+            f"CREATE TRIGGER scheduling_backlog_delete AFTER DELETE ON scheduling_deferredtask "
+            f"WHEN OLD.account_id IS NOT NULL BEGIN {take}; END",
+            # One trigger per side of a change (SQLite runs a trigger's statements under one WHEN).
+            f"CREATE TRIGGER scheduling_backlog_update_old AFTER UPDATE OF account_id, queue, in_line_since, reason "
+            f"ON scheduling_deferredtask WHEN OLD.account_id IS NOT NULL AND ({changed}) BEGIN {take}; END",
+            f"CREATE TRIGGER scheduling_backlog_update_new AFTER UPDATE OF account_id, queue, in_line_since, reason "
+            f"ON scheduling_deferredtask WHEN NEW.account_id IS NOT NULL AND ({changed}) BEGIN {add}; END",
+        ]
+
+    def create(self, schema_editor) -> None:
+        _run(schema_editor, self.postgresql(), self.sqlite())
+
+
+POSTGRESQL_DROP = """
+DROP TRIGGER scheduling_backlog_recount ON scheduling_deferredtask;
+DROP TRIGGER scheduling_backlog_take ON scheduling_deferredtask;
+DROP TRIGGER scheduling_backlog_add ON scheduling_deferredtask;
+DROP FUNCTION scheduling_backlog_recount();
+DROP FUNCTION scheduling_backlog_take();
+DROP FUNCTION scheduling_backlog_add();
+"""
+SQLITE_DROP = [f"DROP TRIGGER scheduling_backlog_{name}" for name in ("insert", "delete", "update_old", "update_new")]
+
+
+def drop(schema_editor) -> None:
+    _run(schema_editor, POSTGRESQL_DROP, SQLITE_DROP)
+
+
+def _run(schema_editor, postgresql: str, sqlite: list[str]) -> None:
+    vendor = schema_editor.connection.vendor
+    if vendor == "postgresql":
+        schema_editor.execute(postgresql)
+    elif vendor == "sqlite":
+        for statement in sqlite:
+            schema_editor.execute(statement)
+    else:
+        raise NotImplementedError(f"scheduling.Backlog needs triggers written for {vendor}")
