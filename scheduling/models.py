@@ -96,8 +96,10 @@ class DeferredTask(models.Model):
     """
 
     # Null only for account-less work: a parked maintenance message, scheduled system work.
+    # No index of its own: deferred_account_age starts with the account (the cascade, "the held jobs
+    # of no account" and "an account's oldest held job" all read it).
     account = models.ForeignKey("budgets.Account", null=True, blank=True, on_delete=models.CASCADE,
-                                related_name="deferred_tasks")
+                                related_name="deferred_tasks", db_index=False)
     queue = models.CharField(max_length=40)
     job = models.CharField(max_length=100)
     ref = models.CharField(max_length=64)
@@ -137,6 +139,9 @@ class DeferredTask(models.Model):
             # none is left, they wait for the next budget day like their account's line.
             models.Index(fields=["account", "queue"], name="deferred_budget_reserved",
                          condition=models.Q(reason="budget_reserved")),
+            # An account's held jobs on a queue by age: the fair-share view's "oldest held job" of
+            # each line it shows reads one entry, however long the line.
+            models.Index(fields=["account", "queue", "created_at"], name="deferred_account_age"),
         ]
 
     def __str__(self) -> str:
