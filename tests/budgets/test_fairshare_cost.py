@@ -29,7 +29,7 @@ def test_the_fair_share_table_reads_one_held_job_per_line_shown(holding_area, se
         assert capped.status.held == 9_027 and capped.held_by_reason == {"queued_behind": 9_027}
         assert capped.oldest_held_at is not None and capped.status.running + capped.status.sent == 1
     elif search:
-        assert {row.status.account for row in rows} <= {"x99", *(f"x99{i}" for i in range(100))}
+        assert all(row.status.account.startswith("x99") for row in rows)
     else:
         # The accounts holding the most work first: the capped one's long line, then 9 each.
         assert rows[0].status.account == "capped" and all(row.status.held >= 9 for row in rows[1:])
