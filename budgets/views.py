@@ -46,7 +46,9 @@ def _cells(row, now) -> dict:
                                limit=s.cpu_limit_ms // 1000, unit="CPU s"),
         "oldest_wait_s": row.oldest_wait_s(now),
         "cpu_used_s": s.cpu_used_ms / 1000, "cpu_limit_s": s.cpu_limit_ms / 1000,
-        "reasons": sorted(row.held_by_reason.items(), key=lambda item: -item[1]),
+        "reasons": [(reason.replace("_", " "), n) for reason, n in
+                    sorted(row.held_by_reason.items(), key=lambda item: -item[1])],
+        "oldest_reason": row.oldest_held_reason.replace("_", " "),
     }
 
 

@@ -42,14 +42,14 @@ def bars(rows: Sequence[tuple[str, float]], *, unit: str = "", color: str = USED
     if not rows:
         return mark_safe('<p class="chart-empty">nothing to show</p>')
     top = nice_top(max(value for _, value in rows))
-    line, label_w, value_w = 18, 230, 90
+    line, label_w, value_w = 18, 300, 90
     bar_w = width - label_w - value_w
     axis_y = len(rows) * line + 2
     body = format_html_join("", (
         '<text x="0" y="{}" font-size="11" fill="currentColor">{}</text>'
         '<rect x="{}" y="{}" width="{}" height="12" fill="{}" data-tip="{}"><title>{}</title></rect>'
         '<text x="{}" y="{}" font-size="11" fill="currentColor">{} {}</text>'), (
-        (i * line + 11, label[:40], label_w, i * line + 1, max(round(bar_w * value / top), 1), color,
+        (i * line + 11, label[:52], label_w, i * line + 1, max(round(bar_w * value / top), 1), color,
          f"{label}: {_num(value)} {unit}", f"{label}: {_num(value)} {unit}",
          label_w + round(bar_w * value / top) + 4, i * line + 11, _num(value), unit)
         for i, (label, value) in enumerate(rows)))

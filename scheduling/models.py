@@ -96,10 +96,10 @@ class DeferredTask(models.Model):
     """
 
     # Null only for account-less work: a parked maintenance message, scheduled system work.
-    # No index of its own: deferred_account_age starts with the account (the cascade, "the held jobs
-    # of no account" and "an account's oldest held job" all read it).
+    # Its index stays beside deferred_account_age, which could serve its reads: dropping it alters
+    # the column, and SQLite alters a column by rebuilding the table, without Backlog's triggers.
     account = models.ForeignKey("budgets.Account", null=True, blank=True, on_delete=models.CASCADE,
-                                related_name="deferred_tasks", db_index=False)
+                                related_name="deferred_tasks")
     queue = models.CharField(max_length=40)
     job = models.CharField(max_length=100)
     ref = models.CharField(max_length=64)
