@@ -58,8 +58,8 @@ def bars(rows: Sequence[tuple[str, float]], *, unit: str = "", color: str = USED
         '<text x="{}" y="{}" font-size="10" text-anchor="middle" fill="currentColor">{}</text>'), (
         (label_w + round(bar_w * f), axis_y, label_w + round(bar_w * f), axis_y + 4, AXIS,
          label_w + round(bar_w * f), axis_y + 15, _num(top * f)) for f in (0, 0.5, 1)))
-    axis = format_html('<line x1="{}" y1="{}" x2="{}" y2="{}" stroke="{}"/>{}'
-                       '<text x="{}" y="{}" font-size="10" fill="currentColor">{}</text>',
+    axis = format_html('<g pointer-events="none"><line x1="{}" y1="{}" x2="{}" y2="{}" stroke="{}"/>{}'
+                       '<text x="{}" y="{}" font-size="10" fill="currentColor">{}</text></g>',
                        label_w, axis_y, label_w + bar_w, axis_y, AXIS, ticks, label_w + bar_w + 8, axis_y + 15, unit)
     return format_html('<svg class="chart" width="{}" height="{}" viewBox="0 0 {} {}" role="img" aria-label="{}">{}{}</svg>',
                        width, axis_y + 20, width, axis_y + 20, unit, body, axis)
@@ -95,7 +95,7 @@ def columns(series: dict[str, Sequence[float]], labels: Sequence[str], *, colors
     if limit:
         points = " ".join(f"{round(left + i * step + step / 2, 1)},{round(base - plot_h * v / top, 1)}"
                           for i, v in enumerate(limit))
-        body += format_html('<polyline points="{}" fill="none" stroke="{}" stroke-dasharray="4 2"/>', points, FAILED)
+        body += format_html('<polyline points="{}" fill="none" stroke="{}" stroke-dasharray="4 2" pointer-events="none"/>', points, FAILED)
     y_ticks = format_html_join("", (
         '<line x1="{}" y1="{}" x2="{}" y2="{}" stroke="{}"/>'
         '<text x="{}" y="{}" font-size="10" text-anchor="end" fill="currentColor">{}</text>'), (
@@ -106,9 +106,9 @@ def columns(series: dict[str, Sequence[float]], labels: Sequence[str], *, colors
         '<text x="{}" y="{}" font-size="10" text-anchor="middle" fill="currentColor">{}</text>'), (
         (round(left + i * step + step / 2, 1), base + 13, labels[i]) for i in range(0, len(labels), every)))
     axes = format_html(
-        '{}<line x1="{}" y1="{}" x2="{}" y2="{}" stroke="{}"/>{}'
+        '<g pointer-events="none">{}<line x1="{}" y1="{}" x2="{}" y2="{}" stroke="{}"/>{}'
         '<text x="2" y="10" font-size="10" fill="currentColor">{}</text>'
-        '<text x="{}" y="{}" font-size="10" text-anchor="end" fill="currentColor">{}</text>',
+        '<text x="{}" y="{}" font-size="10" text-anchor="end" fill="currentColor">{}</text></g>',
         y_ticks, left, top_margin, left, base, AXIS, x_ticks, unit, left + plot_w, base + 26, x_unit)
     legend = format_html_join(" ", '<span style="color:{}">&#9632; {}</span>', ((c, n) for n, c in colors.items()))
     return format_html(
