@@ -16,6 +16,7 @@ import argparse
 import contextlib
 import datetime as dt
 import time
+from pathlib import Path
 
 import harness as h
 
@@ -159,7 +160,7 @@ def main(argv=None) -> int:
     print(f"{args.accounts:,} accounts, {args.recent_runs:,} task runs in the last 14 days")
     print(h.render_table(["history days", "held jobs", "page", "queries", "median ms", "max ms"], rows,
                          right=[0, 1, 3, 4, 5]))
-    h.write_results(args.json or h.RESULTS_DIR / ("dashboard-quick.json" if args.quick else "dashboard.json"), {
+    h.write_results(Path(args.json) if args.json else h.RESULTS_DIR / ("dashboard-quick.json" if args.quick else "dashboard.json"), {
         "benchmark": "dashboard", "timestamp": h.utc_timestamp(), "machine": info,
         "parameters": {"accounts": args.accounts, "recent_runs": args.recent_runs, "repeat": args.repeat,
                        "days": args.days, "held": args.held},
