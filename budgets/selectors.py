@@ -4,6 +4,7 @@ from collections import Counter
 from dataclasses import dataclass
 
 from django.conf import settings
+from django.db import connection
 from django.db.models import Count, OuterRef, Q, QuerySet, Subquery, Value
 from django.db.models.functions import Coalesce
 from django.utils import timezone
@@ -11,6 +12,7 @@ from django.utils import timezone
 from budgets import clock
 from budgets.models import Account, Budget, Reservation, ReservationStatus, UsageDay
 from scheduling.models import Backlog
+from scheduling import sql
 from scheduling.selectors import recent_starts
 
 
@@ -66,9 +68,9 @@ class BudgetStatus:
 def budget_status(*, accounts: QuerySet[Account] | None = None, top: int | None = None) -> list[BudgetStatus]:
     """Today's limit, use, reservations, running, sent and held work, weight and rate limit per
     account and queue, by account (slug); with `top`, only the `top` budgets that used the most CPU
-    today. Three queries, whatever the number of accounts: the budgets with today's use, the slots of
-    those, their held work (Backlog's counts, not the held jobs); and one per rate-limited budget
-    shown, its window (at most its limit's count of TaskRun index entries)."""
+    today. Four queries, whatever the number of accounts: the budgets with today's use, the slots of
+    those, their held work (Backlog's counts, not the held jobs), and the rate-limited ones'
+    windows (`_window_starts`)."""
     day = clock.budget_day()
     budgets = Budget.objects.filter(account__in=accounts if accounts is not None else Account.objects.all())
     used_today = UsageDay.objects.filter(account_id=OuterRef("account_id"), queue=OuterRef("queue"), day=day)
@@ -76,7 +78,7 @@ def budget_status(*, accounts: QuerySet[Account] | None = None, top: int | None 
                                reserved=Coalesce(Subquery(used_today.values("cpu_reserved_ms")), Value(0)))
     budgets = budgets.order_by("-used", "account__slug", "queue")[:top] if top else budgets.order_by(
         "account__slug", "queue")
-    rows = list(budgets.values("account_id", "account__slug", "queue", "cpu_seconds_per_day", "max_concurrent",
+    rows = list(budgets.values("pk", "account_id", "account__slug", "queue", "cpu_seconds_per_day", "max_concurrent",
                                "used", "reserved", "weight", "rate_starts", "rate_period_s"))
     ids = {row["account_id"] for row in rows}
     slots = Counter()
@@ -86,6 +88,7 @@ def budget_status(*, accounts: QuerySet[Account] | None = None, top: int | None 
     held = dict(((b["account_id"], b["queue"]), b["held"]) for b in
                 Backlog.objects.filter(account_id__in=ids).values("account_id", "queue", "held"))
     reset = clock.next_reset()
+    starts = _window_starts(rows)
     return [BudgetStatus(
         account=row["account__slug"], queue=row["queue"], day=day, cpu_limit_ms=row["cpu_seconds_per_day"] * 1000,
         cpu_used_ms=row["used"], cpu_reserved_ms=row["reserved"],
@@ -93,13 +96,24 @@ def budget_status(*, accounts: QuerySet[Account] | None = None, top: int | None 
         sent=slots[(row["account_id"], row["queue"], ReservationStatus.DISPATCHED)],
         max_concurrent=row["max_concurrent"], held=held.get((row["account_id"], row["queue"]), 0), next_reset=reset,
         weight=row["weight"], rate_starts=row["rate_starts"], rate_period_s=row["rate_period_s"],
-        recent_starts=_recent_starts(row),
+        recent_starts=starts.get((row["account_id"], row["queue"]), 0),
     ) for row in rows]
 
 
-def _recent_starts(budget: dict) -> int:
-    if budget["rate_starts"] is None:
-        return 0
-    since = timezone.now() - dt.timedelta(seconds=budget["rate_period_s"])
-    return len(recent_starts(account_id=budget["account_id"], queue=budget["queue"], since=since,
-                             limit=budget["rate_starts"]))
+def _window_starts(rows: list[dict]) -> dict[tuple[int, str], int]:
+    """Starts in the rate limit's window of each rate-limited budget among `rows`, counted up to its
+    limit: on PostgreSQL one statement (at most the limit's count of TaskRun index entries per
+    budget, scheduling.sql `recent_starts`), elsewhere one query per budget."""
+    limited = [row for row in rows if row["rate_starts"] is not None]
+    if not limited:
+        return {}
+    if connection.vendor != "postgresql":
+        return {(row["account_id"], row["queue"]): len(recent_starts(
+            account_id=row["account_id"], queue=row["queue"], limit=row["rate_starts"],
+            since=timezone.now() - dt.timedelta(seconds=row["rate_period_s"]))) for row in limited}
+    count = sql.recent_starts(account="b.account_id", queue="b.queue", limit="b.rate_starts", period_s="b.rate_period_s")
+    with connection.cursor() as cursor:
+        cursor.execute(f"SELECT b.account_id, b.queue, {count} FROM {Budget._meta.db_table} b "
+                       "WHERE b.id = ANY(%(ids)s) AND b.rate_starts IS NOT NULL",
+                       {"ids": [row["pk"] for row in limited], "wall_now": timezone.now()})
+        return {(account_id, queue): n for account_id, queue, n in cursor.fetchall()}

@@ -87,16 +87,15 @@ def worker_env(export_root: Path, **extra: str) -> dict[str, str]:
     the ORM broker (no REDIS_URL), a fast poll, the test jobs and this test's ledger backend."""
     if settings.FAIRSHARE["LEDGER"]:
         extra = {"FAIRSHARE_LEDGER": settings.FAIRSHARE["LEDGER"], **extra}
-    return processes.worker_env(
-        without={"REDIS_URL"},
-        DJANGO_SETTINGS_MODULE="config.settings",
-        FAIRSHARE_EXPORTS_ROOT=str(export_root),
-        FAIRSHARE_POLL="0.1",
-        FAIRSHARE_EXTRA_JOB_MODULES="tests.jobs",
+    return processes.worker_env(without={"REDIS_URL"}, **{
+        "DJANGO_SETTINGS_MODULE": "config.settings",
+        "FAIRSHARE_EXPORTS_ROOT": str(export_root),
+        "FAIRSHARE_POLL": "0.1",
+        "FAIRSHARE_EXTRA_JOB_MODULES": "tests.jobs",  # a test may name more (the demo's: exports.demo)
         # Said, not inherited: a test's worker may arm test-only seams (scheduling/testing.py).
-        FAIRSHARE_TESTING="1",
+        "FAIRSHARE_TESTING": "1",
         **extra,
-    )
+    })
 
 
 @pytest.fixture

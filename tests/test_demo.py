@@ -1,4 +1,5 @@
 """The zero-setup demo (`scripts/demo --smoke`) works on SQLite and leaves nothing running."""
+import contextlib
 import json
 import os
 import re
@@ -88,6 +89,14 @@ def test_demo_smoke_runs_an_export_on_sqlite_shows_how_to_log_in_and_stops_every
     # On SQLite, in the var dir it was given.
     assert "database: SQLite under" in output
     assert (var_dir / "fairshare.sqlite3").exists()
+    # The holding area's counts (Backlog) are kept by triggers on SQLite too: no migration dropped
+    # them (one that alters a DeferredTask column rebuilds its table on SQLite, without them).
+    import sqlite3
+
+    with contextlib.closing(sqlite3.connect(var_dir / "fairshare.sqlite3")) as db:
+        triggers = db.execute("SELECT count(*) FROM sqlite_master WHERE type = 'trigger' "
+                              "AND tbl_name = 'scheduling_deferredtask'").fetchone()[0]
+    assert triggers > 0
 
     # Nothing it started is left running.
     deadline = time.monotonic() + 15

@@ -9,6 +9,7 @@ Playwright's own browser download cannot work here. Without either, this test sk
 (and fails under CI=true: tests/services.py).
 """
 import shutil
+import time
 from pathlib import Path
 
 import pytest
@@ -173,6 +174,104 @@ def test_an_operator_runs_the_console_in_a_real_browser(
     dashboard.screenshot(path=str(shot), full_page=True)
     ARTIFACTS.mkdir(parents=True, exist_ok=True)
     shutil.copy(shot, ARTIFACTS / shot.name)
-    # Queue depth and age, 24 h throughput, runs per day, and acme's usage against its budget.
-    assert dashboard.locator("#dashboard svg").count() == 5
+    # The queue table, the 24 h throughput and acme's usage against its budget as charts; nothing held.
+    assert dashboard.locator("#queues table").count() == 1
+    assert dashboard.locator("#dashboard svg").count() == 2
+    assert "nothing to show" in dashboard.locator("#held").inner_text()
     assert "3 runs" in dashboard.locator("#throughput").inner_text() or "runs, failure rate" in dashboard.content()
+
+
+def _keep(page, name: str, tmp_path) -> Path:
+    """A full-page screenshot, in the test's tmp dir and var/test-artifacts/."""
+    shot = tmp_path / name
+    page.screenshot(path=str(shot), full_page=True)
+    ARTIFACTS.mkdir(parents=True, exist_ok=True)
+    shutil.copy(shot, ARTIFACTS / name)
+    return ARTIFACTS / name
+
+
+def test_the_dashboard_and_fair_share_now_follow_the_demo_workload_live(
+        live_server, browser, start_cluster, start_exports, tmp_path):
+    """The demo's workload (exports/demo.py) against real default and exports clusters: globex's
+    flood waits at its cap and is worked off, initech's light jobs run beside it, umbrella's work
+    waits for its CPU budget, acme's recurring export completes. The fair-share view, refreshed by
+    its own script (the page is never reloaded), shows globex's held count fall; the charts show a
+    value on hover; the search finds an account; both pages are kept as screenshots under load."""
+    import datetime as dt
+
+    from django.utils import timezone
+
+    from budgets.models import Budget
+    from exports import demo
+    from exports.sample_data import add_activity
+    from scheduling.runtime import enqueue
+
+    accounts = demo.ensure_accounts()
+    Budget.objects.filter(account=accounts[demo.CAPPED], queue="default").update(cpu_seconds_per_day=1)
+    add_activity(accounts[demo.EXPORTER], 200, since=timezone.now() - dt.timedelta(days=7), span_s=7 * 86400)
+    jobs = "tests.jobs,exports.demo"
+    start_cluster("default", FAIRSHARE_EXTRA_JOB_MODULES=jobs)
+    start_exports(FAIRSHARE_EXTRA_JOB_MODULES=jobs)
+    root = UserFactory(username="root", is_staff=True, is_superuser=True)
+    root.set_password(PASSWORD)
+    root.save()
+    console = Console(browser, live_server.url, "root")
+    page = console.open("/admin/")
+    page.click("#ops-fairshare-link a")
+    sync_api.expect(page.locator("#fairshare")).to_be_visible()
+
+    # The flood: 80 jobs at once, most of them held at globex's cap; then the rest of the workload.
+    held_at_first = demo.flood(accounts[demo.FLOOD], 80)
+    assert held_at_first >= 70
+    for second in range(1, 5):
+        demo.step(accounts, second)
+    for i in range(6):  # 2.4 CPU s of work for umbrella's 1 CPU s a day
+        enqueue(job=demo.JOB, account=accounts[demo.CAPPED].pk, ref=f"{demo.CAPPED_MS}/cap-{i}")
+    page = console.open("/admin/fairshare/?refresh=2")
+    page.evaluate("window.notReloaded = true")
+    globex_held = page.locator('tr[data-account="globex"][data-queue="default"] .held')
+    shown = int(globex_held.inner_text())
+    assert shown >= 40
+    # Work runs; the script fetches the table again and the number falls, without a reload.
+    sync_api.expect(globex_held).not_to_have_text(str(shown), timeout=30_000)
+    assert int(globex_held.inner_text()) < shown and page.evaluate("window.notReloaded") is True
+    sync_api.expect(page.locator("#live-status")).to_contain_text("updated")
+    # umbrella's work waits for its budget; initech, light, holds nothing.
+    umbrella = page.locator('tr[data-account="umbrella"][data-queue="default"]')
+    sync_api.expect(umbrella.locator(".held")).not_to_have_text("0", timeout=30_000)
+    sync_api.expect(umbrella).to_contain_text("budget exhausted", timeout=30_000)
+    # Hover: the share cell says how many workers that is.
+    page.locator('tr[data-account="globex"][data-queue="default"] td.share').first.hover()
+    sync_api.expect(page.locator("#chart-tip")).to_contain_text("worker(s) busy on average")
+    fairshare_shot = _keep(page, "fairshare-under-load.png", tmp_path)
+
+    # The dashboard under the same load: a column's value on hover, the range switched.
+    page = console.open("/admin/dashboard/?refresh=2")
+    sync_api.expect(page.locator("#throughput")).to_contain_text("runs, failure rate")
+    column = page.locator("#throughput svg rect[fill='transparent']").last
+    column.hover()
+    sync_api.expect(page.locator("#chart-tip")).to_contain_text("succeeded")
+    assert "runs" in page.locator("#chart-tip").inner_text()
+    page.click("a.range-1h")
+    sync_api.expect(page.locator("#throughput h2")).to_contain_text("last hour, per 5 minutes")
+    dashboard_shot = _keep(page, "dashboard-under-load.png", tmp_path)
+
+    # Search: the top-N finds an account by its name.
+    page = console.open("/admin/fairshare/")
+    page.fill("#fairshare-q", "Umbre")
+    page.click("#fairshare-search button[type=submit]")
+    rows = page.locator("tr.fairshare-row")
+    sync_api.expect(rows.first).to_have_attribute("data-account", "umbrella")
+    assert {rows.nth(i).get_attribute("data-account") for i in range(rows.count())} == {"umbrella"}
+
+    # acme's recurring export completed on the exports cluster.
+    from exports.models import ExportRecord, ExportStatus
+
+    demo.request_export(accounts[demo.EXPORTER], slot=1)
+    export = ExportRecord.objects.get(account=accounts[demo.EXPORTER])
+    deadline = time.monotonic() + 60
+    while export.status != ExportStatus.SUCCEEDED and time.monotonic() < deadline:
+        time.sleep(0.5)
+        export.refresh_from_db()
+    assert export.status == ExportStatus.SUCCEEDED
+    assert fairshare_shot.stat().st_size > 10_000 and dashboard_shot.stat().st_size > 10_000

@@ -1,6 +1,7 @@
 """The operator console's pages: actions from the admin, the views operators expect, and the
 operations dashboard, whose queries stay bounded whatever the history holds."""
 import datetime as dt
+import re
 
 import pytest
 from django.contrib.admin.models import LogEntry
@@ -52,8 +53,65 @@ def test_the_dashboard_reads_a_bounded_number_of_queries_whatever_the_history(
                     "CPU used against budget per account"):
         assert section in body
     assert "600 runs, failure rate 20.0%" in body
-    assert "Paused by an operator (exports)" in body and body.count('<svg class="chart"') >= 6
+    # Throughput, held work, and the usage of each of the three accounts.
+    assert "Paused by an operator (exports)" in body and body.count('<svg class="chart"') == 5
     assert "tenant-2" in body and "http://" not in body.split("<body")[1].replace("http://www.w3.org", "")
+
+
+@pytest.mark.parametrize("range_, buckets, runs", [("1h", 12, 12), ("24h", 24, 288), ("14d", 14, 2600)])
+def test_the_throughput_panel_switches_its_range_and_is_served_as_json(client, root, account, range_, buckets, runs,
+                                                                       django_assert_max_num_queries):
+    """Runs every 5 minutes for a day (200, one in five failed) and 13 days of roll-ups (10
+    succeeded and 10 failed each, from yesterday on): the last hour holds 12 of the runs, the day
+    288 - but the history holds only 200 runs, so 200 - and 14 days the 200 plus 13 days' 20."""
+    budgets_ensure_defaults(account=account)
+    _history(account, 13)
+    client.force_login(root)
+    with django_assert_max_num_queries(8):
+        data = client.get(reverse("ops-dashboard-panel", args=["throughput"]), {"range": range_, "format": "json"}).json()
+    assert data["range"] == range_ and len(data["labels"]) == len(data["succeeded"]) == len(data["failed"]) == buckets
+    expected = {"1h": 12, "24h": 200, "14d": 200 + 13 * 20}[range_]
+    assert data["total"] == sum(data["succeeded"]) + sum(data["failed"]) == expected
+    fragment = client.get(reverse("ops-dashboard-panel", args=["throughput"]), {"range": range_}).content.decode()
+    assert f"{expected} runs, failure rate" in fragment
+    page = client.get(reverse("ops-dashboard"), {"range": range_}).content.decode()
+    assert f'class="range-{range_} current"' in page and f'panels/throughput/?range={range_}' in page
+
+
+def test_the_charts_have_axes_with_units_and_values_on_hover(client, root, account):
+    budgets_ensure_defaults(account=account)
+    _history(account, 2)
+    client.force_login(root)
+    throughput = client.get(reverse("ops-dashboard-panel", args=["throughput"])).content.decode()
+    # The y axis is labelled with its unit and a round top; the x axis with hours (UTC).
+    assert ">runs</text>" in throughput and ">UTC, per hour</text>" in throughput and ":00</text>" in throughput
+    # A full hour of runs every 5 minutes: 12, in a column whose tooltip says so.
+    hour = (timezone.now() - dt.timedelta(hours=2)).strftime("%H:00")
+    ok, failed = map(int, re.search(rf'data-tip="{hour}: succeeded (\d+), failed (\d+) runs"', throughput).groups())
+    assert ok + failed == 12 and failed in (2, 3)
+    assert f"<title>{hour}: succeeded {ok}, failed {failed} runs</title>" in throughput
+    usage = client.get(reverse("ops-dashboard-panel", args=["usage"])).content.decode()
+    assert ">CPU s</text>" in usage and "(limit 5,400)" in usage  # the standard plan: 3,600 + 1,800 CPU s a day
+    held = client.get(reverse("ops-dashboard-panel", args=["held"]), {"format": "json"}).json()
+    assert held["held"] == [] and held["unit"] == "held jobs"
+
+
+def test_the_panels_and_their_json_are_scoped_like_the_page(client, account, operator):
+    budgets_ensure_defaults(account=account)
+    other = AccountFactory(slug="globex")
+    budgets_ensure_defaults(account=other)
+    _history(other, 2)
+    DeferredTask.objects.create(account=other, queue="default", job="tests.noop", ref="x",
+                                reason=DeferReason.CONCURRENCY_CAP, eligible_at=timezone.now())
+    client.force_login(operator)
+    usage = client.get(reverse("ops-dashboard-panel", args=["usage"]), {"format": "json"}).json()
+    assert [row["account"] for row in usage["accounts"]] == ["acme"]
+    assert client.get(reverse("ops-dashboard-panel", args=["throughput"]), {"format": "json"}).json()["total"] == 0
+    assert client.get(reverse("ops-dashboard-panel", args=["held"]), {"format": "json"}).json()["held"] == []
+    assert client.get(reverse("ops-dashboard-panel", args=["queues"])).status_code == 404  # the broker is everyone's
+    assert client.get(reverse("ops-dashboard-panel", args=["nothing"])).status_code == 404
+    client.logout()
+    assert client.get(reverse("ops-dashboard-panel", args=["usage"])).status_code == 302  # to the login page
 
 
 def _tenants(first: int, n: int) -> None:

@@ -84,8 +84,10 @@ class Command(BaseCommand):
                          first=existing, on_batch=bar.update)
 
     def _demo_token(self) -> str:
+        """A fresh token on every run: only its hash is kept, so the one an earlier run printed
+        cannot be shown again. The earlier demo tokens stay valid until revoked in the admin."""
         owner = get_user_model().objects.get(username="acme-owner")
-        if ApiToken.objects.filter(user=owner, name="demo").exists():
-            return "  API token for acme-owner: issued on an earlier run (create another in the admin)"
-        _, raw = ApiToken.issue(user=owner, account=Account.objects.get(slug="acme"), name="demo")
-        return f"  API token for acme-owner (shown once): {raw}"
+        earlier = ApiToken.objects.filter(user=owner, name__startswith="demo", revoked_at__isnull=True).count()
+        _, raw = ApiToken.issue(user=owner, account=Account.objects.get(slug="acme"), name=f"demo {earlier + 1}")
+        note = f"\n  ({earlier} earlier demo token(s) still valid: API tokens in the admin)" if earlier else ""
+        return f"  API token for acme-owner (shown once): {raw}{note}"
