@@ -28,7 +28,9 @@ calls alone); a CHECKPOINT; then the workers start, and the number of jobs not y
 polled every 10 ms. jobs/s = the jobs left at the first poll that saw a job finished, divided by
 the time from that poll to the first poll that saw none left (worker start-up is left out).
 Machine CPU seconds per 1,000 jobs: /proc/stat's busy time over the same window (every process:
-workers, PostgreSQL, this benchmark's polling), as bench/harness.py measures it. What each job
+workers, PostgreSQL, this benchmark's polling), as bench/harness.py measures it; beside it the
+CPU of the system's own processes over the window (its workers' sessions and its database's
+backends, from /proc/<pid>/stat), which other work on a shared machine cannot inflate. What each job
 leaves: the rows in every table of the database after the workers stopped, minus those before
 the enqueue. Rounds rotate the order of the systems; medians over rounds.
 
@@ -351,6 +353,32 @@ def table_counts(conn) -> dict[str, int]:
     return {t: conn.execute(sql.SQL("SELECT count(*) FROM {}").format(sql.Identifier(t))).fetchone()[0] for t in tables}
 
 
+def own_cpu_ticks(procs: list, conn) -> dict[int, int]:
+    """CPU clock ticks (user + system, with reaped children's) of every process in the workers'
+    sessions and of the database's other backends (not this benchmark's): by PID, from /proc."""
+    sessions = {p.pid for p in procs}
+    backends = {r[0] for r in conn.execute(
+        "SELECT pid FROM pg_stat_activity WHERE datname = current_database() AND pid <> pg_backend_pid()").fetchall()}
+    ticks = {}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue  # gone meanwhile
+        pid = int(entry.name)
+        if int(fields[3]) in sessions or pid in backends:  # fields[3]: its session id
+            ticks[pid] = sum(int(f) for f in fields[11:15])  # utime, stime, cutime, cstime
+    return ticks
+
+
+def own_cpu_seconds(start: dict[int, int], end: dict[int, int]) -> float:
+    """The CPU those processes spent between two `own_cpu_ticks` (a process new at the end counts
+    whole; one that exited and was not reaped by another of them is lost: a closed connection)."""
+    return sum(t - start.get(pid, 0) for pid, t in end.items()) / os.sysconf("SC_CLK_TCK")
+
+
 # --- One round of one system --------------------------------------------------------------------
 
 def measure(system: System, n: int, db_name: str, template: str, log_dir: Path, timeout: float) -> dict:
@@ -374,7 +402,9 @@ def measure(system: System, n: int, db_name: str, template: str, log_dir: Path, 
                 now, cpu = time.perf_counter(), h.machine_cpu_seconds()
                 if first is None and left < n:
                     first = (now, left, cpu)
+                    own_first = own_cpu_ticks(procs, conn)
                 if left == 0:
+                    own = own_cpu_seconds(own_first, own_cpu_ticks(procs, conn))
                     break
                 dead = [p for p in procs if not p.alive()]
                 if dead:
@@ -398,6 +428,7 @@ def measure(system: System, n: int, db_name: str, template: str, log_dir: Path, 
         "window_s": seconds, "jobs_per_s": left_at_first / seconds,
         "start_to_empty_s": now - t_start,
         "machine_cpu_s_per_1000": None if cpu is None else (cpu - cpu_first) * 1000 / left_at_first,
+        "own_cpu_s_per_1000": own * 1000 / left_at_first,
         "rows_left": {t: d for t, d in rows.items() if d},
         "loadavg_1m_at_start": load,
     }
@@ -473,7 +504,8 @@ def main(argv=None) -> int:
                         args.timeout)
             result[s.key] = x
             h.log(f"round {r + 1}: {s.key:18s} {x['jobs_per_s']:7.1f} jobs/s, "
-                  f"{h.fmt(x['machine_cpu_s_per_1000'], '.2f')} CPU s/1,000 (enqueue {x['enqueue_per_s']:.0f}/s, "
+                  f"{h.fmt(x['machine_cpu_s_per_1000'], '.2f')} machine / {x['own_cpu_s_per_1000']:.2f} own CPU s per 1,000 "
+                  f"(enqueue {x['enqueue_per_s']:.0f}/s, "
                   f"load {x['loadavg_1m_at_start']:.2f})")
         rounds.append(result)
 
@@ -486,6 +518,7 @@ def main(argv=None) -> int:
             "jobs_per_s": h.median([x["jobs_per_s"] for x in xs]),
             "jobs_per_s_rounds": [x["jobs_per_s"] for x in xs],
             "machine_cpu_s_per_1000": h.median(cpus) if cpus else None,
+            "own_cpu_s_per_1000": h.median([x["own_cpu_s_per_1000"] for x in xs]),
             "enqueue_per_s": h.median([x["enqueue_per_s"] for x in xs]),
             "rows_left_per_job": {t: d / args.jobs for t, d in xs[-1]["rows_left"].items()},
             "leaves": leaves_text(xs[-1]["rows_left"], args.jobs),
@@ -500,6 +533,9 @@ def main(argv=None) -> int:
             goals["cpu"] = {"goal": "Fairshare's full chain machine CPU per job <= Procrastinate's",
                             "value": chain["machine_cpu_s_per_1000"] / proc["machine_cpu_s_per_1000"],
                             "pass": chain["machine_cpu_s_per_1000"] <= proc["machine_cpu_s_per_1000"]}
+        goals["own_cpu"] = {"goal": "(the same with its processes' CPU, which other work cannot inflate)",
+                            "value": chain["own_cpu_s_per_1000"] / proc["own_cpu_s_per_1000"],
+                            "pass": chain["own_cpu_s_per_1000"] <= proc["own_cpu_s_per_1000"]}
     info["loadavg_end"] = list(os.getloadavg())
     results = {
         "benchmark": "peers",
@@ -509,6 +545,8 @@ def main(argv=None) -> int:
             "timing": "jobs left at the first poll (every 10 ms) that saw a job finished / seconds from it to the "
                       "first poll that saw none left; median over rounds",
             "cpu": "machine busy CPU (/proc/stat, all processes) over the same window, per 1,000 jobs",
+            "own_cpu": "CPU of the workers' sessions and of the database's backends (not the benchmark's) over the "
+                       "same window, per 1,000 jobs (/proc/<pid>/stat): what other work on the machine cannot inflate",
             "enqueue": "N calls, one per job, before any worker starts, in a child process of the system's interpreter",
             "rows": "rows gained by every table of the system's database between before the enqueue and after the "
                     "workers stopped (last round)",
@@ -524,10 +562,12 @@ def main(argv=None) -> int:
     for s in systems:
         x = summary[s.key]
         rows.append([x["label"], h.fmt(x["jobs_per_s"], ".0f"), " / ".join(f"{v:.0f}" for v in x["jobs_per_s_rounds"]),
-                     h.fmt(x["machine_cpu_s_per_1000"], ".2f"), h.fmt(x["enqueue_per_s"], ".0f"), x["leaves"]])
+                     h.fmt(x["machine_cpu_s_per_1000"], ".2f"), h.fmt(x["own_cpu_s_per_1000"], ".2f"),
+                     h.fmt(x["enqueue_per_s"], ".0f"), x["leaves"]])
     print()
-    print(h.render_table(["system", "jobs/s (median)", "rounds", "machine CPU s per 1,000 jobs", "enqueued/s",
-                          "what each job leaves (rows per job)"], rows, right={1, 2, 3, 4}))
+    print(h.render_table(["system", "jobs/s (median)", "rounds", "machine CPU s per 1,000 jobs",
+                          "its processes' CPU s", "enqueued/s", "what each job leaves (rows per job)"],
+                         rows, right={1, 2, 3, 4, 5}))
     print()
     for g in goals.values():
         print(f"{'PASS' if g['pass'] else 'MISS'}  {g['goal']}: {g['value']:.2f}x")
