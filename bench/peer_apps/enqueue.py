@@ -1,0 +1,83 @@
+"""Enqueue N no-op jobs of one system, one call per job, for bench/peers.py.
+
+    python bench/peer_apps/enqueue.py SYSTEM N      # in that system's interpreter
+
+Run by bench/peers.py in the system's own interpreter (a peer's virtualenv, or the project's for
+Fairshare's paths) with PEERS_DATABASE_URL set; prints {"jobs": N, "seconds": ...} on stdout (the
+time of the N calls alone, after imports and set-up). `fairshare-setup` migrates the database and
+creates the benchmark account instead (bench/budget_overhead.py's).
+"""
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent.parent
+
+
+def fairshare(path: str, n: int) -> float:
+    sys.path.insert(0, str(REPO))
+    from bench import budget_overhead as bo
+    from bench import harness as h
+
+    h.configure_environment(os.environ["PEERS_DATABASE_URL"], test_jobs=False)
+    if path == "setup":
+        h.migrate()
+        h.setup_django()
+        bo.setup_account()
+        return 0.0
+    h.setup_django()
+    from budgets.models import Account
+    from django_q.tasks import async_task
+
+    from scheduling.runtime import enqueue
+
+    account_id = Account.objects.get(slug=bo.ACCOUNT_SLUG).pk
+    func = {"bare": bo.BARE_FUNC, "recorded": bo.RECORDED_FUNC}.get(path)
+    t0 = time.perf_counter()
+    for i in range(n):
+        if func:  # as bench/budget_overhead.py's bare and recorded paths
+            async_task(func, bo.envelope_message(account_id, f"peers-{i}"), task_name=f"{func}:peers-{i}")
+        elif enqueue(job=bo.CHAIN_JOB, account=account_id, ref=f"peers-{i}") is None:
+            raise SystemExit(f"job {i} was held at enqueue: the benchmark account's cap binds")
+    return time.perf_counter() - t0
+
+
+def procrastinate(n: int) -> float:
+    from procrastinate_app import app, noop
+
+    with app.open():
+        t0 = time.perf_counter()
+        for _ in range(n):
+            noop.defer()
+        return time.perf_counter() - t0
+
+
+def django_tasks_db(n: int) -> float:
+    import django
+
+    django.setup()
+    from dtdb_tasks import noop
+
+    t0 = time.perf_counter()
+    for _ in range(n):
+        noop.enqueue()
+    return time.perf_counter() - t0
+
+
+def main() -> None:
+    system, n = sys.argv[1], int(sys.argv[2])
+    if system.startswith("fairshare-"):
+        seconds = fairshare(system.removeprefix("fairshare-"), n)
+    elif system == "procrastinate":
+        seconds = procrastinate(n)
+    elif system == "django-tasks-db":
+        seconds = django_tasks_db(n)
+    else:
+        raise SystemExit(f"unknown system {system!r}")
+    print(json.dumps({"jobs": n, "seconds": seconds}))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,580 @@
+#!/usr/bin/env python
+"""Fairshare beside the Python PostgreSQL queues: no-op jobs drained by two workers (issue 27).
+
+    .venv/bin/python bench/peers.py            # 2,000 jobs per system, 3 rounds (~10 min, first run + installs)
+    .venv/bin/python bench/peers.py --quick    # 300 jobs per system, 2 rounds
+    .venv/bin/python bench/peers.py --systems procrastinate,fairshare-chain --jobs 1000
+
+Systems, each with two workers:
+
+- procrastinate: Procrastinate 3.10, one `procrastinate worker` with concurrency 2 (its defaults
+  otherwise: LISTEN/NOTIFY, jobs kept), a synchronous no-op task;
+- django-tasks-db: django-tasks 0.12 + django-tasks-db 0.13, two `manage.py db_worker` processes
+  (CONN_MAX_AGE 60, DEBUG off, its defaults otherwise), a no-op `@task`;
+- fairshare-bare: bare django-q2 with Fairshare's settings (`async_task("bench.noop.noop", ...)`,
+  bench/budget_overhead.py's bare path), one `manage.py qcluster`, 2 workers, ORM broker;
+- fairshare-recorded: the same cluster running `bench.noop.recorded` (a TaskRun inserted and
+  completed, nothing else: budget_overhead's recorded path);
+- fairshare-chain: Fairshare's full chain, `scheduling.runtime.enqueue(job="scheduling.noop")` for
+  budget_overhead's account (budget and cap never bind): a metered TaskRun, a slot, a charge.
+
+The peers are installed, pinned, into virtualenvs of their own under var/peers/ (`--venvs`; not the
+project's .venv), made on the first run and reused. Fairshare's paths run in the project's venv.
+
+Protocol, per system and round: a fresh database (a copy of the system's migrated template
+database, made at the start of the run) on DATABASE_URL's server; N jobs enqueued up front, one
+call per job, by a child process in the system's interpreter, with no worker running (timed: the
+calls alone); a CHECKPOINT; then the workers start, and the number of jobs not yet finished is
+polled every 10 ms. jobs/s = the jobs left at the first poll that saw a job finished, divided by
+the time from that poll to the first poll that saw none left (worker start-up is left out).
+Machine CPU seconds per 1,000 jobs: /proc/stat's busy time over the same window (every process:
+workers, PostgreSQL, this benchmark's polling), as bench/harness.py measures it; beside it the
+CPU of the system's own processes over the window (its workers' sessions and its database's
+backends, from /proc/<pid>/stat), which other work on a shared machine cannot inflate. What each job
+leaves: the rows in every table of the database after the workers stopped, minus those before
+the enqueue. Rounds rotate the order of the systems; medians over rounds.
+
+Goal printed (issue 27): Fairshare's full chain at or above Procrastinate's jobs/s, with no more
+machine CPU per job. Results: a table on stdout, JSON in bench/results/. Not part of .ci/run.
+"""
+from __future__ import annotations
+
+import argparse
+import contextlib
+import hashlib
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from urllib.parse import urlsplit, urlunsplit
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from bench import harness as h  # noqa: E402
+
+PEER_APPS = h.REPO / "bench" / "peer_apps"
+ENQUEUE = PEER_APPS / "enqueue.py"
+DEFAULT_VENVS = h.REPO / "var" / "peers"
+DB_PREFIX = "fairshare_peers"
+PSYCOPG = "psycopg[binary]==3.3.9"  # the project's own
+PROCRASTINATE_REQUIREMENTS = ("procrastinate==3.10.0", PSYCOPG)
+DTDB_REQUIREMENTS = ("Django==5.2.19", "django-tasks==0.12.0", "django-tasks-db==0.13.0", PSYCOPG)
+POLL_S = 0.01
+STOP_TIMEOUT_S = 15
+INSTALL_TIMEOUT_S = 900
+SETUP_TIMEOUT_S = 600
+
+
+# --- Processes ----------------------------------------------------------------------------------
+
+class Proc:
+    """A peer's worker in its own session, logging to `log_path`; stopped like a Fairshare
+    cluster (scheduling.processes.Cluster): SIGTERM to its PID, then SIGKILL to its session."""
+
+    def __init__(self, argv: list[str], env: dict[str, str], log_path: Path, cwd: Path = PEER_APPS):
+        self.log_path = log_path
+        self._log = open(log_path, "wb")
+        self.proc = subprocess.Popen(argv, cwd=cwd, env=env, stdout=self._log, stderr=subprocess.STDOUT,
+                                     start_new_session=True)
+        h.at_exit(self.stop)
+
+    @property
+    def pid(self) -> int:
+        return self.proc.pid
+
+    @property
+    def returncode(self) -> int | None:
+        return self.proc.poll()
+
+    def alive(self) -> bool:
+        return self.proc.poll() is None
+
+    def terminate(self) -> None:
+        if self.alive():
+            self.proc.send_signal(signal.SIGTERM)
+
+    def finish(self, deadline: float) -> None:
+        if self._log.closed:
+            return  # finished before: its session is gone
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            self.proc.wait(max(0.1, deadline - time.monotonic()))
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            self.proc.wait(5)
+        self._log.close()
+
+    def stop(self) -> None:
+        self.terminate()
+        self.finish(time.monotonic() + STOP_TIMEOUT_S)
+
+    def tail(self, lines: int = 20) -> str:
+        return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
+
+
+def run_child(argv: list[str], env: dict[str, str], *, timeout: float, what: str, cwd: Path = PEER_APPS) -> str:
+    """A short-lived command in its own session (killed with its session on a time-out); its stdout."""
+    proc = subprocess.Popen(argv, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            start_new_session=True)
+    try:
+        out, err = proc.communicate(timeout=timeout)
+    except BaseException:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.communicate()
+        raise
+    if proc.returncode != 0:
+        raise RuntimeError(f"{what} exited {proc.returncode}:\n{err[-3000:]}")
+    return out
+
+
+# --- Virtualenvs of the peers -------------------------------------------------------------------
+
+class Venv:
+    """A virtualenv of pinned requirements under `root`, named by their digest, made once."""
+
+    def __init__(self, name: str, requirements: tuple[str, ...], root: Path):
+        digest = hashlib.sha256("\n".join(requirements).encode()).hexdigest()[:10]
+        self.requirements = requirements
+        self.dir = root / f"{name}-{digest}"
+        self.marker = self.dir / "installed.txt"  # `pip freeze`, written once the install succeeded
+
+    @property
+    def python(self) -> str:
+        return str(self.dir / "bin" / "python")
+
+    def bin(self, name: str) -> str:
+        return str(self.dir / "bin" / name)
+
+    def ensure(self, *, reinstall: bool = False) -> None:
+        if self.marker.exists() and not reinstall:
+            return
+        shutil.rmtree(self.dir, ignore_errors=True)
+        self.dir.parent.mkdir(parents=True, exist_ok=True)
+        h.log(f"installing {' '.join(self.requirements)} into {self.dir}")
+        # The project's interpreter (its base Python: `-m venv` from a venv uses that).
+        subprocess.run([sys.executable, "-m", "venv", str(self.dir)], check=True, timeout=120)
+        subprocess.run([self.python, "-m", "pip", "install", "--disable-pip-version-check", "-q", *self.requirements],
+                       check=True, timeout=INSTALL_TIMEOUT_S)
+        freeze = subprocess.run([self.python, "-m", "pip", "freeze", "--disable-pip-version-check"], check=True,
+                                capture_output=True, text=True, timeout=120).stdout
+        self.marker.write_text(freeze)
+
+    def freeze(self) -> list[str]:
+        return self.marker.read_text().split()
+
+
+def peer_env(db_url: str, **extra: str) -> dict[str, str]:
+    """A peer's environment: none of the project's settings, only its database and its modules."""
+    env = {k: os.environ[k] for k in ("PATH", "HOME", "LANG", "LC_ALL", "TZ", "TMPDIR") if k in os.environ}
+    env.update(PEERS_DATABASE_URL=db_url, PYTHONPATH=str(PEER_APPS), PYTHONUNBUFFERED="1", **extra)
+    return env
+
+
+# --- One adapter per system ---------------------------------------------------------------------
+
+class System:
+    """How the benchmark drives one system. `template` names the migrated database its rounds copy
+    (Fairshare's three paths share one); `remaining_sql` counts the jobs not finished yet;
+    `check_sql` counts what must be N (or 0, `check_equals_n` False) once the queue is empty."""
+
+    key = label = template = remaining_sql = check_sql = ""
+    check_equals_n = True
+    workers = ""
+
+    def python(self) -> str:
+        raise NotImplementedError
+
+    def install(self, venvs: Path, reinstall: bool) -> None:
+        pass
+
+    def versions(self) -> list[str]:
+        return []
+
+    def setup(self, db_url: str) -> None:  # migrate the template database
+        raise NotImplementedError
+
+    def child_env(self, db_url: str) -> dict[str, str]:
+        return peer_env(db_url)
+
+    def enqueue(self, db_url: str, n: int) -> float:
+        out = run_child([self.python(), str(ENQUEUE), self.key, str(n)], self.child_env(db_url),
+                        timeout=SETUP_TIMEOUT_S, what=f"{self.key}: enqueue")
+        return json.loads(out.strip().splitlines()[-1])["seconds"]
+
+    def start(self, db_url: str, log_dir: Path) -> list:
+        raise NotImplementedError
+
+
+class Fairshare(System):
+    """Fairshare's paths: the project's venv, one `manage.py qcluster` (2 workers, ORM broker, poll 0.1 s)."""
+
+    template = "fairshare"
+    remaining_sql = "SELECT count(*) FROM django_q_ormq WHERE key = 'default'"
+    workers = "1 qcluster, 2 workers (ORM broker, poll 0.1 s)"
+
+    def __init__(self, path: str, label: str, leaves: str):
+        self.key, self.label, self.leaves = f"fairshare-{path}", label, leaves
+        if path == "bare":  # no record of a success (save_limit -1): no failure recorded either
+            self.check_sql, self.check_equals_n = "SELECT count(*) FROM django_q_task WHERE NOT success", False
+        else:  # the benchmark's runs (refs peers-<i>), not the product's schedules' maintenance jobs
+            self.check_sql = "SELECT count(*) FROM scheduling_taskrun WHERE outcome = 'succeeded' AND ref LIKE 'peers-%'"
+
+    def python(self) -> str:
+        return sys.executable
+
+    def versions(self) -> list[str]:
+        from importlib.metadata import version
+        return [f"Django=={version('Django')}", f"django-q2=={version('django-q2')}", f"psycopg=={version('psycopg')}"]
+
+    def child_env(self, db_url: str) -> dict[str, str]:
+        return {**os.environ, "PEERS_DATABASE_URL": db_url}
+
+    def setup(self, db_url: str) -> None:  # migrate, and budget_overhead's account
+        run_child([self.python(), str(ENQUEUE), "fairshare-setup", "0"], self.child_env(db_url), cwd=h.REPO,
+                  timeout=SETUP_TIMEOUT_S, what="fairshare: migrate")
+
+    def start(self, db_url: str, log_dir: Path) -> list:
+        env = h.cluster_env(workers=2, poll=0.1, DATABASE_URL=db_url)
+        return [h.start_cluster(env, log_dir / f"{self.key}.log")]
+
+
+class Procrastinate(System):
+    key, label = "procrastinate", "Procrastinate 3.10 (1 worker, concurrency 2)"
+    template = "procrastinate"
+    remaining_sql = "SELECT count(*) FROM procrastinate_jobs WHERE status IN ('todo', 'doing')"
+    check_sql = "SELECT count(*) FROM procrastinate_jobs WHERE status = 'succeeded'"
+    workers = "1 `procrastinate worker`, concurrency 2"
+
+    def install(self, venvs: Path, reinstall: bool) -> None:
+        self.venv = Venv("procrastinate", PROCRASTINATE_REQUIREMENTS, venvs)
+        self.venv.ensure(reinstall=reinstall)
+
+    def python(self) -> str:
+        return self.venv.python
+
+    def versions(self) -> list[str]:
+        return self.venv.freeze()
+
+    def _cli(self, *args: str) -> list[str]:
+        return [self.venv.bin("procrastinate"), "--app=procrastinate_app.app", *args]
+
+    def setup(self, db_url: str) -> None:
+        run_child(self._cli("schema", "--apply"), peer_env(db_url), timeout=SETUP_TIMEOUT_S, what="procrastinate schema")
+
+    def start(self, db_url: str, log_dir: Path) -> list:
+        return [Proc(self._cli("worker", "--concurrency=2"), peer_env(db_url), log_dir / f"{self.key}.log")]
+
+
+class DjangoTasksDb(System):
+    key, label = "django-tasks-db", "django-tasks 0.12 + django-tasks-db 0.13 (2 db_worker, CONN_MAX_AGE 60)"
+    template = "dtdb"
+    remaining_sql = "SELECT count(*) FROM django_tasks_database_dbtaskresult WHERE status IN ('READY', 'RUNNING')"
+    check_sql = "SELECT count(*) FROM django_tasks_database_dbtaskresult WHERE status = 'SUCCESSFUL'"
+    workers = "2 `db_worker` processes (interval 1 s, CONN_MAX_AGE 60)"
+
+    def install(self, venvs: Path, reinstall: bool) -> None:
+        self.venv = Venv("django-tasks-db", DTDB_REQUIREMENTS, venvs)
+        self.venv.ensure(reinstall=reinstall)
+
+    def python(self) -> str:
+        return self.venv.python
+
+    def versions(self) -> list[str]:
+        return self.venv.freeze()
+
+    def child_env(self, db_url: str) -> dict[str, str]:
+        return peer_env(db_url, DJANGO_SETTINGS_MODULE="dtdb_settings")
+
+    def setup(self, db_url: str) -> None:
+        run_child([self.python(), "-m", "django", "migrate", "--noinput", "-v", "0"], self.child_env(db_url),
+                  timeout=SETUP_TIMEOUT_S, what="django-tasks-db migrate")
+
+    def start(self, db_url: str, log_dir: Path) -> list:
+        return [Proc([self.python(), "-m", "django", "db_worker"], self.child_env(db_url), log_dir / f"{self.key}-{i}.log")
+                for i in range(2)]
+
+
+SYSTEMS = {s.key: s for s in (
+    Procrastinate(),
+    DjangoTasksDb(),
+    Fairshare("bare", "django-q2 1.11 bare, Fairshare's settings", "nothing"),
+    Fairshare("recorded", 'Fairshare, TaskRun only ("recorded")', "a TaskRun"),
+    Fairshare("chain", "Fairshare, full chain", "a metered TaskRun, slot, ledger charge"),
+)}
+
+
+# --- Databases ----------------------------------------------------------------------------------
+
+def server_url(name: str) -> str:
+    """The URL of database `name` on DATABASE_URL's server (default postgres://postgres@127.0.0.1:5432)."""
+    parts = urlsplit(os.environ.get("DATABASE_URL") or h.DEFAULT_SERVER_URL)
+    return urlunsplit(parts._replace(path="/" + name, query=""))
+
+
+def create_database(name: str, *, template: str | None = None) -> str:
+    import psycopg
+    from psycopg import sql
+
+    with psycopg.connect(server_url("postgres"), autocommit=True) as admin:
+        admin.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name)))
+        create = sql.SQL("CREATE DATABASE {} ENCODING 'UTF8' TEMPLATE {}").format(
+            sql.Identifier(name), sql.Identifier(template or "template0"))
+        for attempt in range(20):  # a template's last client may still be leaving
+            try:
+                admin.execute(create)
+                break
+            except psycopg.errors.ObjectInUse:
+                if attempt == 19:
+                    raise
+                time.sleep(0.5)
+    return server_url(name)
+
+
+def drop_database(name: str) -> None:
+    import psycopg
+    from psycopg import sql
+
+    with psycopg.connect(server_url("postgres"), autocommit=True) as admin:
+        admin.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name)))
+
+
+def table_counts(conn) -> dict[str, int]:
+    """Rows of every table in the database's public schema."""
+    from psycopg import sql
+
+    tables = [r[0] for r in conn.execute(
+        "SELECT c.relname FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace "
+        "WHERE n.nspname = 'public' AND c.relkind IN ('r', 'p') ORDER BY 1").fetchall()]
+    return {t: conn.execute(sql.SQL("SELECT count(*) FROM {}").format(sql.Identifier(t))).fetchone()[0] for t in tables}
+
+
+def own_cpu_ticks(procs: list, conn) -> dict[int, int]:
+    """CPU clock ticks (user + system, with reaped children's) of every process in the workers'
+    sessions and of the database's other backends (not this benchmark's): by PID, from /proc."""
+    sessions = {p.pid for p in procs}
+    backends = {r[0] for r in conn.execute(
+        "SELECT pid FROM pg_stat_activity WHERE datname = current_database() AND pid <> pg_backend_pid()").fetchall()}
+    ticks = {}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue  # gone meanwhile
+        pid = int(entry.name)
+        if int(fields[3]) in sessions or pid in backends:  # fields[3]: its session id
+            ticks[pid] = sum(int(f) for f in fields[11:15])  # utime, stime, cutime, cstime
+    return ticks
+
+
+def own_cpu_seconds(start: dict[int, int], end: dict[int, int]) -> float:
+    """The CPU those processes spent between two `own_cpu_ticks` (a process new at the end counts
+    whole; one that exited and was not reaped by another of them is lost: a closed connection)."""
+    return sum(t - start.get(pid, 0) for pid, t in end.items()) / os.sysconf("SC_CLK_TCK")
+
+
+# --- One round of one system --------------------------------------------------------------------
+
+def measure(system: System, n: int, db_name: str, template: str, log_dir: Path, timeout: float) -> dict:
+    import psycopg
+
+    db_url = create_database(db_name, template=template)
+    load = os.getloadavg()[0]
+    with psycopg.connect(db_url, autocommit=True) as conn:
+        count = lambda q: conn.execute(q).fetchone()[0]  # noqa: E731
+        before = table_counts(conn)
+        enqueue_s = system.enqueue(db_url, n)
+        if count(system.remaining_sql) != n:
+            raise RuntimeError(f"{system.key}: {count(system.remaining_sql)} jobs waiting after enqueueing {n}")
+        conn.execute("CHECKPOINT")  # no checkpoint of the enqueue's writes in the measured window
+        procs = system.start(db_url, log_dir)
+        try:
+            t_start = time.perf_counter()
+            first = None  # (time, jobs left, machine CPU s) at the first poll that saw a job finished
+            while True:
+                left = count(system.remaining_sql)
+                now, cpu = time.perf_counter(), h.machine_cpu_seconds()
+                if first is None and left < n:
+                    first = (now, left, cpu)
+                    own_first = own_cpu_ticks(procs, conn)
+                if left == 0:
+                    own = own_cpu_seconds(own_first, own_cpu_ticks(procs, conn))
+                    break
+                dead = [p for p in procs if not p.alive()]
+                if dead:
+                    raise RuntimeError(f"{system.key}: a worker exited ({dead[0].returncode}):\n{dead[0].tail(40)}")
+                if now - t_start > timeout:
+                    raise TimeoutError(f"{system.key}: {left} of {n} jobs left after {timeout:.0f} s:\n{procs[0].tail(40)}")
+                time.sleep(POLL_S)
+        finally:
+            h.processes.stop_all(procs, STOP_TIMEOUT_S)
+        checked = count(system.check_sql)
+        if checked != (n if system.check_equals_n else 0):
+            raise RuntimeError(f"{system.key}: check {system.check_sql!r} gave {checked} for {n} jobs:\n{procs[0].tail(40)}")
+        after = table_counts(conn)
+    drop_database(db_name)
+    t_first, left_at_first, cpu_first = first
+    seconds = now - t_first
+    rows = {t: after.get(t, 0) - before.get(t, 0) for t in sorted(set(after) | set(before))}
+    return {
+        "jobs": n, "enqueue_s": enqueue_s, "enqueue_per_s": n / enqueue_s,
+        "start_to_first_finish_s": t_first - t_start, "jobs_in_window": left_at_first,
+        "window_s": seconds, "jobs_per_s": left_at_first / seconds,
+        "start_to_empty_s": now - t_start,
+        "machine_cpu_s_per_1000": None if cpu is None else (cpu - cpu_first) * 1000 / left_at_first,
+        "own_cpu_s_per_1000": own * 1000 / left_at_first,
+        "rows_left": {t: d for t, d in rows.items() if d},
+        "loadavg_1m_at_start": load,
+    }
+
+
+def leaves_text(rows: dict[str, float], n: int) -> str:
+    """Rows per job of the tables that gained about one row per job or more; the others' counts
+    (rows per run, not per job: a heartbeat per worker, a ledger day) after a semicolon."""
+    per_job = ", ".join(f"{t} {d / n:.2g}" for t, d in rows.items() if d >= n / 2) or "nothing"
+    other = ", ".join(f"{t} {d:+d}" for t, d in rows.items() if d < n / 2)
+    return f"{per_job}; per run: {other}" if other else per_job
+
+
+# --- Main ---------------------------------------------------------------------------------------
+
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                epilog="Systems: " + ", ".join(SYSTEMS) + ". Not part of .ci/run.")
+    p.add_argument("--quick", action="store_true", help="smoke run: 300 jobs per system, 2 rounds")
+    p.add_argument("--jobs", type=int, help="jobs per system and round (default 2000; 300 with --quick)")
+    p.add_argument("--rounds", type=int, help="rounds, the systems' order rotated each round (default 3; 2 with --quick)")
+    p.add_argument("--systems", default=",".join(SYSTEMS), help="comma-separated, in the first round's order "
+                                                                   "(default: all)")
+    p.add_argument("--venvs", type=Path, default=DEFAULT_VENVS, help="where the peers' virtualenvs live (default var/peers)")
+    p.add_argument("--reinstall", action="store_true", help="make the peers' virtualenvs again")
+    p.add_argument("--timeout", type=float, default=600, help="seconds a drain may take before the run fails")
+    p.add_argument("--keep", action="store_true", help="keep the template databases (fairshare_peers_tmpl_*)")
+    p.add_argument("--json", type=Path, help="results file (default bench/results/peers[-quick].json)")
+    args = p.parse_args(argv)
+    args.jobs = args.jobs or (300 if args.quick else 2000)
+    args.rounds = args.rounds or (2 if args.quick else 3)
+    args.systems = [s.strip() for s in args.systems.split(",") if s.strip()]
+    unknown = [s for s in args.systems if s not in SYSTEMS]
+    if unknown:
+        p.error(f"unknown systems {unknown}; known: {', '.join(SYSTEMS)}")
+    args.json = args.json or h.RESULTS_DIR / ("peers-quick.json" if args.quick else "peers.json")
+    return args
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    h.install_cleanup()
+    # This process's Django (for the qcluster's environment and the machine's figures) on the
+    # server's `postgres` database, which it only reads; every system gets databases of its own.
+    h.configure_environment(server_url("postgres"), test_jobs=False)
+    h.setup_django()
+    info = h.machine_info(server_url("postgres"))
+    systems = [SYSTEMS[k] for k in args.systems]
+    for s in systems:
+        s.install(args.venvs, args.reinstall)
+
+    templates = {}
+    for s in systems:
+        if s.template not in templates:
+            name = f"{DB_PREFIX}_tmpl_{s.template}"
+            h.log(f"template database {name} for {s.key}")
+            s.setup(create_database(name))
+            templates[s.template] = name
+            if not args.keep:
+                h.at_exit(lambda name=name: drop_database(name))
+
+    log_dir = Path(tempfile.mkdtemp(prefix="fairshare-peers-"))
+    h.at_exit(lambda: shutil.rmtree(log_dir, ignore_errors=True))
+    h.log(f"{args.jobs} jobs per system, {args.rounds} rounds; logs in {log_dir}")
+    rounds = []
+    for r in range(args.rounds):
+        k = r % len(systems)
+        order = systems[k:] + systems[:k]
+        result = {"order": [s.key for s in order]}
+        for s in order:
+            time.sleep(1.0)  # the previous system's processes gone, its database dropped
+            x = measure(s, args.jobs, f"{DB_PREFIX}_{s.key.replace('-', '_')}", templates[s.template], log_dir,
+                        args.timeout)
+            result[s.key] = x
+            h.log(f"round {r + 1}: {s.key:18s} {x['jobs_per_s']:7.1f} jobs/s, "
+                  f"{h.fmt(x['machine_cpu_s_per_1000'], '.2f')} machine / {x['own_cpu_s_per_1000']:.2f} own CPU s per 1,000 "
+                  f"(enqueue {x['enqueue_per_s']:.0f}/s, "
+                  f"load {x['loadavg_1m_at_start']:.2f})")
+        rounds.append(result)
+
+    summary = {}
+    for s in systems:
+        xs = [r[s.key] for r in rounds]
+        cpus = [x["machine_cpu_s_per_1000"] for x in xs if x["machine_cpu_s_per_1000"] is not None]
+        summary[s.key] = {
+            "label": s.label, "workers": s.workers, "versions": s.versions(),
+            "jobs_per_s": h.median([x["jobs_per_s"] for x in xs]),
+            "jobs_per_s_rounds": [x["jobs_per_s"] for x in xs],
+            "machine_cpu_s_per_1000": h.median(cpus) if cpus else None,
+            "own_cpu_s_per_1000": h.median([x["own_cpu_s_per_1000"] for x in xs]),
+            "enqueue_per_s": h.median([x["enqueue_per_s"] for x in xs]),
+            "rows_left_per_job": {t: d / args.jobs for t, d in xs[-1]["rows_left"].items()},
+            "leaves": leaves_text(xs[-1]["rows_left"], args.jobs),
+        }
+    goals = {}
+    if "fairshare-chain" in summary and "procrastinate" in summary:
+        chain, proc = summary["fairshare-chain"], summary["procrastinate"]
+        goals["jobs_per_s"] = {"goal": "Fairshare's full chain jobs/s >= Procrastinate's",
+                               "value": chain["jobs_per_s"] / proc["jobs_per_s"],
+                               "pass": chain["jobs_per_s"] >= proc["jobs_per_s"]}
+        if chain["machine_cpu_s_per_1000"] is not None and proc["machine_cpu_s_per_1000"] is not None:
+            goals["cpu"] = {"goal": "Fairshare's full chain machine CPU per job <= Procrastinate's",
+                            "value": chain["machine_cpu_s_per_1000"] / proc["machine_cpu_s_per_1000"],
+                            "pass": chain["machine_cpu_s_per_1000"] <= proc["machine_cpu_s_per_1000"]}
+        goals["own_cpu"] = {"goal": "(the same with its processes' CPU, which other work cannot inflate)",
+                            "value": chain["own_cpu_s_per_1000"] / proc["own_cpu_s_per_1000"],
+                            "pass": chain["own_cpu_s_per_1000"] <= proc["own_cpu_s_per_1000"]}
+    info["loadavg_end"] = list(os.getloadavg())
+    results = {
+        "benchmark": "peers",
+        "timestamp": h.utc_timestamp(),
+        "parameters": {
+            "jobs": args.jobs, "rounds": args.rounds, "quick": args.quick, "systems": args.systems,
+            "timing": "jobs left at the first poll (every 10 ms) that saw a job finished / seconds from it to the "
+                      "first poll that saw none left; median over rounds",
+            "cpu": "machine busy CPU (/proc/stat, all processes) over the same window, per 1,000 jobs",
+            "own_cpu": "CPU of the workers' sessions and of the database's backends (not the benchmark's) over the "
+                       "same window, per 1,000 jobs (/proc/<pid>/stat): what other work on the machine cannot inflate",
+            "enqueue": "N calls, one per job, before any worker starts, in a child process of the system's interpreter",
+            "rows": "rows gained by every table of the system's database between before the enqueue and after the "
+                    "workers stopped (last round)",
+            "database": "a fresh database per system and round, copied from the system's migrated template",
+        },
+        "machine": info,
+        "systems": summary,
+        "rounds": rounds,
+        "goals": goals,
+    }
+
+    rows = []
+    for s in systems:
+        x = summary[s.key]
+        rows.append([x["label"], h.fmt(x["jobs_per_s"], ".0f"), " / ".join(f"{v:.0f}" for v in x["jobs_per_s_rounds"]),
+                     h.fmt(x["machine_cpu_s_per_1000"], ".2f"), h.fmt(x["own_cpu_s_per_1000"], ".2f"),
+                     h.fmt(x["enqueue_per_s"], ".0f"), x["leaves"]])
+    print()
+    print(h.render_table(["system", "jobs/s (median)", "rounds", "machine CPU s per 1,000 jobs",
+                          "its processes' CPU s", "enqueued/s", "what each job leaves (rows per job)"],
+                         rows, right={1, 2, 3, 4, 5}))
+    print()
+    for g in goals.values():
+        print(f"{'PASS' if g['pass'] else 'MISS'}  {g['goal']}: {g['value']:.2f}x")
+    h.print_load(results)
+    h.write_results(args.json, results)
+    return 0
+
+
+if __name__ == "__main__":
+    h.run(main)
