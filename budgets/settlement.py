@@ -55,7 +55,8 @@ def settle(
     (the PostgreSQL ledger does, when it may). With `look_later` (a worker's watcher, which makes
     the look for the settlements since its last tick) the settlement's look after its commit is
     left to it: it only matters for a hold that committed while the charge ran, and waits a tick.
-    When another account could take a worker too, the slot is not handed to the account's next job:
+    When another account's turn comes first (fewer slots in use for its weight), the slot is not
+    handed to the account's next job:
     the worker `hand_to` pulls in the fair order (budgets.handoff), which may pick it, or without
     `hand_to` the job whose turn it is goes to the broker.
     """
@@ -79,7 +80,7 @@ def settle(
     if charged.was_active and not charged.in_line and look_later is not None:
         look_later(account_id=account_id, queue=queue)
     elif charged.was_active and charged.others_waiting:
-        # Another account could take a worker too: the freed slot goes by the fair order, to what
+        # Another account's turn comes first: the freed slot goes by the fair order, to what
         # the worker pulls next or, when it goes back to the broker, to the job released there.
         if hand_to is None:
             release_next(queue=queue)

@@ -57,7 +57,7 @@ class Charged:
     was_active: bool  # it ran (admitted); else it was only dispatched or claimed
     in_line: bool  # the account has held work in its line on this queue
     waiting: bool  # some account's held work on the queue could go now (a free worker may pull it)
-    others_waiting: bool = False  # another account could take a free worker: the slot goes by the fair order
+    others_waiting: bool = False  # another account's turn comes first: the freed slot goes by the fair order
     passed: "Claimed | None" = None  # the held job its slot was passed on to, admitted (`PassOn`)
 
 

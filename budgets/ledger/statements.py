@@ -44,12 +44,17 @@ def broker_waiting() -> str:
 
 
 def others_ready() -> str:
-    """"Another account could take a free worker now": one whose line on the queue could go (Backlog,
-    index backlog_ready: in line, not held up, not paused) below its cap. What a pull reads, to its
-    first such account. Parameters: account_id (the one left out), queue, now."""
+    """"Another account's turn comes first": one whose line on the queue could go (Backlog, index
+    backlog_ready: in line, not held up, not paused), below its cap, with fewer slots in use for its
+    weight than the settling account will have once its run's slot is freed (ties: the settling
+    account keeps its turn). What a pull reads, to its first such account. Parameters: account_id
+    (the settling account), queue, now."""
+    mine_after = (f"(({slots(account='%(account_id)s', queue='%(queue)s')} - 1)::float / "
+                  f"(SELECT weight FROM {B} WHERE account_id = %(account_id)s AND queue = %(queue)s))")
     return (f"EXISTS (SELECT 1 FROM ({sql.ready_accounts()}) k JOIN {B} b ON b.account_id = k.account_id "
             "AND b.queue = %(queue)s WHERE k.account_id <> %(account_id)s "
-            f"AND {slots(account='k.account_id', queue='%(queue)s')} < b.max_concurrent)")
+            f"AND {slots(account='k.account_id', queue='%(queue)s')} < b.max_concurrent "
+            f"AND {slots(account='k.account_id', queue='%(queue)s')}::float / b.weight < {mine_after})")
 
 
 # --- The statements -------------------------------------------------------------------------------
@@ -173,7 +178,7 @@ RUN_OF_R = "(SELECT task_run_id FROM r)"
 # The settlement, no lock (it only frees): the slot deleted (exactly once: no row, nothing charged),
 # its run charged and recorded (`t`), and whether the account has work in line and whether any
 # account of the queue could go now (Backlog, by key and by index backlog_ready), and whether another
-# account could take a free worker (`others_ready`), read with it.
+# account's turn comes first (`others_ready`), read with it.
 SETTLE = (f"WITH r AS ({DELETE_SLOT}), c AS ({charge()}), t AS ({{run_end}}) "
           f"SELECT r.task_run_id, r.status, {sql.in_line(account='%(account_id)s', queue='%(queue)s')}, "
           f"{sql.any_ready()}, {others_ready()} FROM r")

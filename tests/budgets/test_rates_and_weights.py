@@ -130,23 +130,33 @@ def test_pull_shares_the_workers_by_weight():
     assert order == [light.pk, heavy.pk, heavy.pk, heavy.pk, light.pk, heavy.pk, heavy.pk, heavy.pk]
 
 
-def test_a_settlement_leaves_its_slot_to_the_fair_order_when_another_account_waits(account, other_account):
+def test_a_settlement_leaves_its_slot_to_the_fair_order_when_another_accounts_turn_comes_first(
+        account, other_account):
+    budget(account, cap=2)
+    budget(other_account, cap=1)
+    enqueue_many(job="tests.noop", work=[(other_account.pk, f"0/o{i}") for i in range(2)])  # o1 held
+    enqueue_many(job="tests.noop", work=[(account.pk, f"0/a{i}") for i in range(3)])  # a2 held, later
+    first, _ = start(account, "0/a0"), start(account, "0/a1")
+    Reservation.objects.filter(account=other_account).delete()  # o0 ran: the other account uses no slot
+
+    settled = settle(slot_id=first.slot_id, account_id=account.pk, queue="default", meter=meter(5), hand_to="w")
+
+    # Its account keeps one slot, the other has none: not to its own next job, the worker pulls.
+    assert settled.handed_to is None and settled.waiting
+    assert pull(queue="default", worker="w").envelope.ref == "0/o1"
+
+
+def test_a_settlement_keeps_its_slot_on_a_tie(account, other_account):
     budget(account, cap=1)
     budget(other_account, cap=1)
-    enqueue_many(job="tests.noop", work=[(other_account.pk, f"0/o{i}") for i in range(2)])  # one held
-    enqueue_many(job="tests.noop", work=[(account.pk, f"0/a{i}") for i in range(2)])  # one held, later
+    enqueue_many(job="tests.noop", work=[(other_account.pk, f"0/o{i}") for i in range(2)])
+    enqueue_many(job="tests.noop", work=[(account.pk, f"0/a{i}") for i in range(2)])
     first = start(account, "0/a0")
-    start(other_account, "0/o0")
-    other = Reservation.objects.get(account=other_account)
-    settle(slot_id=other.pk, account_id=other_account.pk, queue="default", meter=meter(5), hand_to="w9")
-    DeferredTask.objects.update(claimed_by="", claim_expires_at=None)  # (what w9 took, put back)
     Reservation.objects.filter(account=other_account).delete()
 
     settled = settle(slot_id=first.slot_id, account_id=account.pk, queue="default", meter=meter(5), hand_to="w")
 
-    assert settled.handed_to is None and settled.waiting  # not to its own next job: the worker pulls
-    pulled = pull(queue="default", worker="w")
-    assert pulled.envelope.ref == "0/o1"  # the other account's, held longer
+    assert settled.handed_to.envelope.ref == "0/a1"  # both use no slot then: the cheap way, its own next
 
 
 def test_the_pulse_of_an_idle_worker_releases_one_job_in_fair_order(account, other_account):

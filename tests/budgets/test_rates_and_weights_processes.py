@@ -63,10 +63,10 @@ def test_weights_share_the_workers_and_priority_orders_an_accounts_work(start_cl
          what="most of the heavy backlog to run", clusters=[cluster])
     # Share of the starts while both had work waiting: weighted towards the heavy account (1 : 3 is
     # 0.75 when every slot goes by the fair order; what passes through the broker goes first in,
-    # first out, and equal shares would be 0.5): bench/fairness.py measures it over 60 s.
+    # first out, and equal shares would be 0.5): bench/tiers.py measures it over 60 s.
     light_starts = runs_of(light, outcome__in=ADMITTED).count()
     heavy_starts = runs_of(heavy, outcome__in=ADMITTED).count()
-    assert 0.58 <= heavy_starts / (light_starts + heavy_starts) <= 0.9, (light_starts, heavy_starts)
+    assert 0.62 <= heavy_starts / (light_starts + heavy_starts) <= 0.88, (light_starts, heavy_starts)
     # The light account's urgent jobs, enqueued behind its 150, started among its first few: only
     # what was on its way to a worker went before them (its first 6, sent at enqueue, and what
     # four busy workers pulled while one of them was released to the broker by an idle worker's
