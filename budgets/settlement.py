@@ -16,7 +16,7 @@ from django.db import transaction
 
 from budgets import clock, standing
 from budgets.admission import hold_and_wake
-from budgets.handoff import hand_off, passed_on, release, release_locked, release_next
+from budgets.handoff import hand_off, passed_on, release_locked, release_next
 from budgets.ledger import Claimed, PassOn, ledger
 from budgets.locks import lock, locked_standing
 from budgets.standing import Standing
@@ -88,6 +88,8 @@ def settle(
         with transaction.atomic():
             state = locked_standing(account_id=account_id, queue=queue, day=day)
             handed_to = _hand_on(account_id=account_id, queue=queue, state=state, day=day, hand_to=hand_to)
+        if handed_to is None:
+            release_next(queue=queue)
     return Settled(handed_to=handed_to, waiting=charged.waiting or handed_to is not None)
 
 
@@ -112,18 +114,20 @@ def _settle_and_hold(*, slot_id: int, account_id: int, queue: str, meter: Meter,
         state = ledger().standing(account_id=account_id, queue=queue, day=day)  # with the job it held
         handed_to = _hand_on(account_id=account_id, queue=queue, state=state, day=day, hand_to=hand_to) \
             if charged.was_active else None
+    if charged.was_active and handed_to is None:
+        release_next(queue=queue)
     return Settled(handed_to=handed_to, waiting=charged.waiting or handed_to is not None)
 
 
 def _hand_on(*, account_id: int, queue: str, state: Standing, day: dt.date, hand_to: str | None) -> Claimed | None:
     """Under the lock: a freed slot goes to the first job of the account's line, claimed for worker
-    `hand_to` (returned) when given, else released to the broker."""
-    handed_to = None
-    if hand_to is not None:
-        handed_to = hand_off(account_id=account_id, queue=queue, state=state, day=day, worker=hand_to)
-    if handed_to is None:
-        release(account_id=account_id, queue=queue, state=state, limit=1, day=day)
-    return handed_to
+    `hand_to` (returned) when given. When it is not (no worker to take it, or work waits in the
+    broker), the caller releases, once its transaction committed, the next job of the account
+    whose turn it is to the broker (`release_next`): releasing the account's own next job would
+    keep each slot with its account for as long as the broker has work waiting."""
+    if hand_to is None:
+        return None
+    return hand_off(account_id=account_id, queue=queue, state=state, day=day, worker=hand_to)
 
 
 def release_if_in_line(*, account_id: int, queue: str) -> int:
