@@ -9,7 +9,7 @@ dropped database connections? (SPEC §4: no duplicate or lost results, whatever 
 
 Everything runs on servers of the benchmark's own, started here and removed at the end: a private
 PostgreSQL (`initdb` + `pg_ctl` in a temporary folder, a free port) and, with `--broker redis`, a
-private `redis-server` keeping nothing on disk (scheduling.processes `PrivatePostgres`,
+private `redis-server` keeping nothing on disk (scheduling.servers `PrivatePostgres`,
 `PrivateRedis`). The machine's shared servers are never restarted. Two real `qcluster` pools of the
 exports queue (two workers each); three accounts (one export at a time, two, and four) with their
 activity rows. Exports are requested through the whole chaos phase. Every 1-4 s
@@ -51,7 +51,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from bench import harness as h  # noqa: E402
-from scheduling.processes import PrivatePostgres, PrivateRedis  # noqa: E402
+from scheduling.servers import PrivatePostgres, PrivateRedis  # noqa: E402
 
 DEFAULT_DB_NAME = "fairshare_bench_chaos"
 ACCOUNTS = (("chaos-1", 1), ("chaos-2", 2), ("chaos-4", 4))  # slug, exports max_concurrent

@@ -1,13 +1,9 @@
-"""Process control for real `manage.py qcluster` workers, and for throwaway PostgreSQL and Redis
-servers of a test's or a benchmark's own: the tests, `bench/` and `rehearse` use it.
+"""Process control for real `manage.py qcluster` workers: the tests, `bench/` and `rehearse` use it.
+(Throwaway PostgreSQL and Redis servers of a test's or a benchmark's own: scheduling.servers.)
 
 A cluster runs in its own session and is stopped by PID, never by name: SIGTERM to its main PID
 (graceful: running tasks finish and are recorded), then, after a deadline, SIGKILL to whatever is
 left of its session (the workers of a hung cluster).
-
-A test or benchmark that restarts a whole database or Redis server starts a private one
-(`PrivatePostgres`, `PrivateRedis`: a temporary folder, a free loopback port, nothing kept) and
-restarts and stops that one, by its PID: the machine's shared servers serve other people's work.
 
 Importable before `django.setup()` (bench/harness.py imports it first): settings and models are
 read when a function runs, not at import.
@@ -15,12 +11,9 @@ read when a function runs, not at import.
 import contextlib
 import datetime as dt
 import os
-import shutil
 import signal
-import socket
 import subprocess
 import sys
-import tempfile
 import threading
 import time
 from collections.abc import Callable, Iterable
@@ -182,131 +175,3 @@ def wait_ready(clusters: Iterable[Cluster], wanted: dict[str, int], *, since: dt
             why = "exited" if dead else f"not ready after {timeout:.0f} s ({beats} of {wanted})"
             raise ClusterError(f"worker cluster {why}:\n" + "\n".join(c.tail() for c in dead or clusters))
         time.sleep(POLL_S)
-
-
-# --- Throwaway servers --------------------------------------------------------------------------
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
-def _answers(port: int, probe: bytes = b"", expect: bytes = b"") -> bool:
-    try:
-        with socket.create_connection(("127.0.0.1", port), timeout=1) as sock:
-            if probe:
-                sock.sendall(probe)
-                return sock.recv(64).startswith(expect)
-            return True
-    except OSError:
-        return False
-
-
-def postgres_bin() -> Path | None:
-    """The folder of PostgreSQL's server programs (initdb, pg_ctl), or None when not installed."""
-    found = sorted(Path("/usr/lib/postgresql").glob("*/bin/pg_ctl"), key=lambda p: int(p.parent.parent.name)) \
-        if Path("/usr/lib/postgresql").is_dir() else []
-    pg_ctl = found[-1] if found else shutil.which("pg_ctl")
-    return Path(pg_ctl).parent if pg_ctl and (Path(pg_ctl).parent / "initdb").exists() else None
-
-
-class PrivatePostgres:
-    """A PostgreSQL server of its own: `initdb` in a temporary folder, `pg_ctl` on a free port, no
-    fsync, trust authentication on loopback. As root it runs as the `postgres` user (initdb refuses
-    root). `restart()` is a fast shutdown and a start: every session is cut, as in a real restart."""
-
-    def __init__(self, *, port: int | None = None):
-        self.bin = postgres_bin()
-        if self.bin is None:
-            raise ClusterError("PostgreSQL's server programs (initdb, pg_ctl) are not installed")
-        self.port = port or free_port()
-        self.dir = Path(tempfile.mkdtemp(prefix="fairshare-pg-"))
-        self.data, self.log_path = self.dir / "data", self.dir / "server.log"
-        self._as = ["runuser", "-u", "postgres", "--"] if os.geteuid() == 0 else []
-        if self._as:
-            shutil.chown(self.dir, "postgres")
-        self._run("initdb", "-D", str(self.data), "-U", "postgres", "--auth=trust", "-E", "UTF8", "--no-sync")
-        self.start()
-
-    def _run(self, program: str, *args: str, timeout: float = 120) -> None:
-        subprocess.run([*self._as, str(self.bin / program), *args], check=True, timeout=timeout,
-                       stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-
-    def url(self, database: str = "postgres") -> str:
-        return f"postgres://postgres@127.0.0.1:{self.port}/{database}"
-
-    @property
-    def pid(self) -> int | None:
-        """The postmaster's PID (first line of postmaster.pid), None while it is down."""
-        with contextlib.suppress(OSError, ValueError, IndexError):
-            return int((self.data / "postmaster.pid").read_text().split()[0])
-        return None
-
-    def start(self) -> None:
-        options = (f"-p {self.port} -k {self.dir} -c listen_addresses=127.0.0.1 -c fsync=off "
-                   "-c synchronous_commit=off -c full_page_writes=off -c max_connections=300")
-        self._run("pg_ctl", "-D", str(self.data), "-l", str(self.log_path), "-o", options, "-w", "-t", "60", "start")
-
-    def stop(self, mode: str = "fast") -> None:
-        pid = self.pid
-        with contextlib.suppress(subprocess.SubprocessError):
-            self._run("pg_ctl", "-D", str(self.data), "-m", mode, "-w", "-t", "60", "stop")
-        if pid and self.pid == pid:  # pg_ctl could not stop it: its PID, by hand
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, signal.SIGKILL)
-
-    def restart(self, *, down_s: float = 0.0) -> None:
-        self.stop("fast")
-        time.sleep(down_s)
-        self.start()
-
-    def remove(self) -> None:
-        """Stop it (immediately: nothing it holds is kept) and delete its folder."""
-        self.stop("immediate")
-        shutil.rmtree(self.dir, ignore_errors=True)
-
-
-class PrivateRedis:
-    """A redis-server of its own on a free port, keeping nothing (no RDB, no AOF): `restart()` loses
-    every message in it, as the restart of a Redis without persistence does."""
-
-    def __init__(self, *, port: int | None = None):
-        self.program = shutil.which("redis-server")
-        if self.program is None:
-            raise ClusterError("redis-server is not installed")
-        self.port = port or free_port()
-        self.dir = Path(tempfile.mkdtemp(prefix="fairshare-redis-"))
-        self.proc: subprocess.Popen | None = None
-        self.start()
-
-    def url(self, db: int = 0) -> str:
-        return f"redis://127.0.0.1:{self.port}/{db}"
-
-    @property
-    def pid(self) -> int | None:
-        return self.proc.pid if self.proc and self.proc.poll() is None else None
-
-    def start(self) -> None:
-        self.proc = subprocess.Popen(
-            [self.program, "--port", str(self.port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
-             "--dir", str(self.dir)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
-        deadline = time.monotonic() + READY_TIMEOUT_S
-        while not _answers(self.port, b"PING\r\n", b"+PONG"):
-            if self.proc.poll() is not None or time.monotonic() > deadline:
-                raise ClusterError(f"redis-server on port {self.port} did not start")
-            time.sleep(0.05)
-
-    def stop(self) -> None:
-        if self.proc and self.proc.poll() is None:
-            self.proc.kill()  # SIGKILL: nothing to save
-            self.proc.wait(10)
-
-    def restart(self, *, down_s: float = 0.0) -> None:
-        self.stop()
-        time.sleep(down_s)
-        self.start()
-
-    def remove(self) -> None:
-        self.stop()
-        shutil.rmtree(self.dir, ignore_errors=True)

@@ -4,7 +4,7 @@ the Redis broker). Every export still succeeds once, with one object, one notice
 an exact ledger and no account over its cap.
 
 Each runs the project's kill loop (bench/chaos.py) with that one blow, in a process of its own, on
-servers of its own (scheduling.processes PrivatePostgres, PrivateRedis): the machine's shared
+servers of its own (scheduling.servers PrivatePostgres, PrivateRedis): the machine's shared
 PostgreSQL and Redis serve other people's work and are never restarted.
 """
 import json
@@ -14,7 +14,7 @@ import sys
 
 import pytest
 
-from scheduling.processes import postgres_bin
+from scheduling.servers import postgres_bin
 from tests.conftest import REPO
 from tests.services import needs_service
 
