@@ -12,6 +12,7 @@ from budgets.models import Budget, Reservation, ReservationStatus
 from budgets.settlement import settle
 from scheduling import clock
 from scheduling.envelope import Envelope
+from scheduling.holding import unblock
 from scheduling.models import Backlog, DeferReason, DeferredTask, TaskRun
 from scheduling.runtime import enqueue, enqueue_many
 from scheduling.services import task_run_new
@@ -31,6 +32,16 @@ def start(account, ref: str):
     """A run of the job starts as a worker starts it: admitted with its run recorded."""
     return admit(envelope=Envelope(job="tests.noop", account=account.pk, ref=ref), queue="default", estimate_ms=10,
                  worker="w", run=task_run_new(job="tests.noop", queue="default", account_id=account.pk, ref=ref))
+
+
+def held_from_the_start(*accounts, jobs: int) -> None:
+    """Each account's `jobs` all held in its line, none sent, in the accounts' order: enqueued while
+    its budget is spent, then given budget again and its line let go."""
+    for account in accounts:
+        Budget.objects.filter(account=account).update(cpu_seconds_per_day=0)
+        enqueue_many(job="tests.noop", work=[(account.pk, f"0/{account.slug}-{i}") for i in range(jobs)])
+        Budget.objects.filter(account=account).update(cpu_seconds_per_day=100)
+        unblock(account_id=account.pk, queue="default")
 
 
 def a_window_later(settings, period_s: int) -> None:
@@ -117,12 +128,7 @@ def test_pull_shares_the_workers_by_weight():
     light, heavy = AccountFactory(slug="light"), AccountFactory(slug="heavy")
     budget(light, weight=1)
     budget(heavy, weight=3)
-    # Both lines held from the start (their accounts are paused at enqueue), light's first.
-    for account in (light, heavy):
-        Budget.objects.filter(account=account).update(cpu_seconds_per_day=0)
-        enqueue_many(job="tests.noop", work=[(account.pk, f"0/{account.slug}-{i}") for i in range(10)])
-        Budget.objects.filter(account=account).update(cpu_seconds_per_day=100)
-    Backlog.objects.update(blocked_until=dt.datetime(1970, 1, 1, tzinfo=dt.UTC))
+    held_from_the_start(light, heavy, jobs=10)  # light's line first
 
     order = [pull(queue="default", worker=f"w{i}").envelope.account for i in range(8)]
 
@@ -162,11 +168,7 @@ def test_a_settlement_keeps_its_slot_on_a_tie(account, other_account):
 def test_the_pulse_of_an_idle_worker_releases_one_job_in_fair_order(account, other_account):
     budget(account, cap=3)
     budget(other_account, cap=3)
-    for acc in (account, other_account):
-        Budget.objects.filter(account=acc).update(cpu_seconds_per_day=0)
-        enqueue_many(job="tests.noop", work=[(acc.pk, f"0/{acc.slug}-{i}") for i in range(3)])
-        Budget.objects.filter(account=acc).update(cpu_seconds_per_day=100)
-    Backlog.objects.update(blocked_until=dt.datetime(1970, 1, 1, tzinfo=dt.UTC))
+    held_from_the_start(account, other_account, jobs=3)
 
     assert release_due(idle_workers={"default": 0}) == 0  # a busy worker's pulse sends nothing
     assert release_due(idle_workers={"default": 1}) == 1  # an idle one's, one job
