@@ -35,8 +35,8 @@ from scheduling.envelope import Envelope
 from scheduling.models import DeferReason
 from scheduling.registry import get_job
 
-# How many accounts a pull looks at before it gives up (each one it cannot use is skipped, e.g.
-# its Budget row is locked by a settlement that is about to hand the slot off itself).
+# How many accounts a pull looks at before it gives up (each one it cannot use is passed over: its
+# share grew past the next one's since the order was read, or the slot it had free was taken).
 PULL_CANDIDATES = 4
 # How many accounts' lines one tick of the pulse releases into free slots (the next takes the rest).
 RELEASE_BATCH = 200
@@ -173,9 +173,11 @@ def pull(*, queue: str, worker: str) -> Claimed | None:
     candidates = ledger().ready_accounts(queue=queue, now=now, limit=PULL_CANDIDATES)
     for ready, after in zip(candidates, [*candidates[1:], None]):
         with transaction.atomic():
-            # SKIP LOCKED: an account whose lock is taken is being admitted or settled right now
-            # (a settlement hands its own slot off); try the next instead of waiting.
-            if not ledger().lock(account_id=ready.account_id, queue=queue, skip_locked=True):
+            # It waits for the lock (a settlement or an admission: one short statement) and then
+            # reads the standing: skipping a locked account would pass over the busiest account,
+            # whose lock is taken most often, whatever its weight (the light account of weights
+            # 1 : 3 took half the workers that way).
+            if not ledger().lock(account_id=ready.account_id, queue=queue):
                 continue
             state = ledger().standing(account_id=ready.account_id, queue=queue, day=day)
             if after is not None and state.in_flight / state.weight > after.share:

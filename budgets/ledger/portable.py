@@ -45,10 +45,10 @@ def _rate_window(*, account_id: int, queue: str, budget: dict) -> dict:
 class Ledger(FairOrder):
     # --- Reads --------------------------------------------------------------------------------
 
-    def lock(self, *, account_id: int, queue: str, skip_locked: bool = False) -> bool:
+    def lock(self, *, account_id: int, queue: str) -> bool:
         """Lock the account's Budget row on the queue (in the caller's transaction); False when it
-        has none, or, with `skip_locked`, when another transaction holds it."""
-        rows = Budget.objects.select_for_update(skip_locked=skip_locked).filter(account_id=account_id, queue=queue)
+        has none."""
+        rows = Budget.objects.select_for_update().filter(account_id=account_id, queue=queue)
         return rows.values_list("pk", flat=True).first() is not None
 
     def standing(self, *, account_id: int, queue: str, day: dt.date, envelope: Envelope | None = None,

@@ -45,8 +45,8 @@ def _broker_since() -> dt.datetime:
 
 
 class Ledger(portable.Ledger):
-    def lock(self, *, account_id: int, queue: str, skip_locked: bool = False) -> bool:
-        return _one(s.LOCK_SKIP_LOCKED if skip_locked else s.LOCK, {"account_id": account_id, "queue": queue}) is not None
+    def lock(self, *, account_id: int, queue: str) -> bool:
+        return _one(s.LOCK, {"account_id": account_id, "queue": queue}) is not None
 
     def standing(self, *, account_id: int, queue: str, day: dt.date, envelope: Envelope | None = None,
                  claimant: str | None = None) -> Standing | None:

@@ -62,8 +62,6 @@ def others_ready() -> str:
 # The lock: a write that changes nothing, so that the row gets a new version (xmin) each time it is
 # locked, which the admission without the lock checks (ADMIT_AT_ONCE). One row by its unique key.
 LOCK = f"UPDATE {B} SET max_concurrent = max_concurrent WHERE account_id = %(account_id)s AND queue = %(queue)s RETURNING 1"
-LOCK_SKIP_LOCKED = (f"UPDATE {B} SET max_concurrent = max_concurrent WHERE id = (SELECT id FROM {B} "
-                    "WHERE account_id = %(account_id)s AND queue = %(queue)s FOR UPDATE SKIP LOCKED) RETURNING 1")
 
 # The account's standing (budgets.standing.Standing): its Budget and day's usage by unique key, the
 # job's own slot by (job, ref) in the slots' index, the slots taken (only for a job without a slot

@@ -70,10 +70,10 @@ def test_weights_share_the_workers_and_priority_orders_an_accounts_work(start_cl
     light_1, heavy_1 = wait(lambda: (lambda n: n if sum(n) >= 900 else None)(started()), timeout=180,
                             what="600 more starts", clusters=[cluster])
     # 1 : 3 is a heavy share of 0.75 when every slot goes by the fair order, equal shares 0.5
-    # (what slots kept by their accounts gave: 0.51). Over a few seconds on a loaded machine the
-    # broker's first-in-first-out stretches pull it down (0.58 under the whole suite, 0.62-0.66
-    # alone); bench/tiers.py measures it over 60 s (0.74). The pull order itself is exact in
-    # test_rates_and_weights.py.
+    # (what slots kept by their accounts gave: 0.51; a pull that skipped a locked account, the
+    # heavy one most often, 0.49-0.66). Over a few seconds the broker's first-in-first-out
+    # stretches pull it down (0.66-0.74 alone, 0.69-0.72 beside two busy loops); bench/tiers.py
+    # measures it over 60 s. The pull order itself is exact in test_rates_and_weights.py.
     share = (heavy_1 - heavy_0) / ((heavy_1 - heavy_0) + (light_1 - light_0))
     assert 0.55 <= share <= 0.9, (light_0, heavy_0, light_1, heavy_1)
     # The light account's urgent jobs, enqueued behind its 600, started among its first few: only
