@@ -91,7 +91,7 @@ def release_next(*, queue: str) -> int:
     """A freed slot whose worker goes back to the broker while several accounts wait: the next job
     of the account whose turn it is (the fair order) goes to the broker, not the settling account's
     (which would keep each worker on its account). Outside a transaction. Returns how many went."""
-    for ready in ledger().ready_accounts(queue=queue, now=clock.now(), limit=PULL_CANDIDATES):
+    for ready in ledger().ready_accounts(queue=queue, limit=PULL_CANDIDATES):
         if release_locked(account_id=ready.account_id, queue=queue, limit=1):
             return 1
     return 0
@@ -103,15 +103,14 @@ def release_due(*, idle_workers: dict[str, int] | None = None) -> int:
     as there are idle workers, one per account in fair order: work for the busy workers is theirs
     to take by hand-off and pull, which keep to the fair order (what the broker holds runs in the
     order it was sent). Returns how many jobs went."""
-    now = clock.now()
     if idle_workers is None:
         return sum(release_locked(account_id=ready.account_id, queue=ready.queue)
-                   for ready in ledger().ready_accounts(queue=None, now=now, limit=RELEASE_BATCH))
+                   for ready in ledger().ready_accounts(queue=None, limit=RELEASE_BATCH))
     sent = 0
     for queue, idle in idle_workers.items():
         if idle > 0:
             sent += sum(release_locked(account_id=ready.account_id, queue=queue, limit=1)
-                        for ready in ledger().ready_accounts(queue=queue, now=now, limit=idle))
+                        for ready in ledger().ready_accounts(queue=queue, limit=idle))
     return sent
 
 
@@ -168,9 +167,8 @@ def pull(*, queue: str, worker: str) -> Claimed | None:
     pulling at once spread over the accounts instead of piling onto the one that was first."""
     if ledger().broker_waiting(queue=queue):
         return None
-    now = clock.now()
-    day = clock.budget_day(now)
-    candidates = ledger().ready_accounts(queue=queue, now=now, limit=PULL_CANDIDATES)
+    day = clock.budget_day()
+    candidates = ledger().ready_accounts(queue=queue, limit=PULL_CANDIDATES)
     for ready, after in zip(candidates, [*candidates[1:], None]):
         with transaction.atomic():
             # It waits for the lock (a settlement or an admission: one short statement) and then

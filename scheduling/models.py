@@ -169,7 +169,7 @@ class Backlog(models.Model):
     reason: one column per DeferReason), how many of them are in the account's line (`in_line`:
     they go as soon as the account may run), and until when the whole line waits
     (`blocked_until`: the account's budget is spent until the next budget day, or its rate limit
-    is reached until the oldest start leaves its window). What a worker asks
+    is reached until the oldest start leaves its window; NOT_BLOCKED once the pulse let it go). What a worker asks
     per task and per tick about held work ("is anything of this account's in line", "which
     accounts could run now"), and what the views show of it, read this table: their cost follows
     the number of accounts, never the number of held jobs.
@@ -200,9 +200,11 @@ class Backlog(models.Model):
     class Meta:
         constraints = [models.UniqueConstraint(fields=["account", "queue"], name="backlog_unique_account_queue")]
         # Accounts with work in line on a queue, by when they may run: "which could run now" reads
-        # the ones whose time has come and no other.
+        # the ones not held up and no other; the pulse's let-go only the lines whose time came.
         indexes = [models.Index(fields=["queue", "blocked_until"], name="backlog_ready",
-                                condition=models.Q(in_line__gt=0))]
+                                condition=models.Q(in_line__gt=0)),
+                   models.Index(fields=["blocked_until"], name="backlog_held_up",
+                                condition=models.Q(blocked_until__gt=NOT_BLOCKED))]
 
     def __str__(self) -> str:
         return f"{self.account_id} / {self.queue}: {self.in_line} in line of {self.held} held"

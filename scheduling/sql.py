@@ -11,11 +11,14 @@ Cost, as held jobs and accounts grow (EXPLAINed in tests/scheduling/test_held_wo
 whose line could go now), `complete_claim` and `claim_held` one row by (job, ref), a rate limit's
 window (`recent_starts`, `rate_frees_at`) at most the limit's count of TaskRun index entries.
 """
-from scheduling.models import NOT_STARTED, Backlog, DeferredTask, Pause, TaskRun
+from scheduling.models import NOT_BLOCKED, NOT_STARTED, Backlog, DeferredTask, Pause, TaskRun
 
 _DEFERRED = DeferredTask._meta.db_table
 _BACKLOG = Backlog._meta.db_table
 _RUNS = TaskRun._meta.db_table
+# "Not held up", as a constant in the statement (not a parameter): the planner then knows from the
+# statistics how few lines could go, also in the generic plan a prepared statement settles on.
+_NOT_BLOCKED = f"'{NOT_BLOCKED.isoformat()}'::timestamptz"
 
 
 def claim(*, only_if: str = "TRUE") -> str:
@@ -62,24 +65,24 @@ def blocked(*, account: str, queue: str) -> str:
 
 
 def ready_accounts() -> str:
-    """The accounts whose line on a queue could go now: something in line, not blocked, not paused;
-    a SELECT of (account_id, head_since: when the first of its line joined it).
-    Parameters: queue, now."""
+    """The accounts whose line on a queue could go now: something in line, not held up, not paused
+    (scheduling.holding.ready); a SELECT of (account_id, head_since: when the first of its line
+    joined it). Parameters: queue."""
     return f"""
 SELECT k.account_id,
        (SELECT d.in_line_since FROM {_DEFERRED} d
          WHERE d.account_id = k.account_id AND d.queue = k.queue AND d.in_line_since IS NOT NULL
          ORDER BY d.priority DESC, d.in_line_since, d.id LIMIT 1) AS head_since
   FROM {_BACKLOG} k
- WHERE k.queue = %(queue)s AND k.in_line > 0 AND k.blocked_until <= %(now)s
+ WHERE k.queue = %(queue)s AND k.in_line > 0 AND k.blocked_until = {_NOT_BLOCKED}
    AND NOT {paused(account="k.account_id", queue="k.queue")}"""
 
 
 def any_ready() -> str:
     """Whether any account's line on a queue could go now (pause aside: a paused account's line
-    makes a free worker look, and find nothing). Parameters: queue, now."""
+    makes a free worker look, and find nothing). Parameters: queue."""
     return (f"EXISTS (SELECT 1 FROM {_BACKLOG} k WHERE k.queue = %(queue)s AND k.in_line > 0 "
-            "AND k.blocked_until <= %(now)s)")
+            f"AND k.blocked_until = {_NOT_BLOCKED})")
 
 
 def _window(*, account: str, queue: str, period_s: str) -> str:

@@ -35,7 +35,7 @@ class Ready(NamedTuple):
 
 
 class FairOrder:
-    def ready_accounts(self, *, queue: str | None, now: dt.datetime, limit: int | None = None) -> list[Ready]:
+    def ready_accounts(self, *, queue: str | None, limit: int | None = None) -> list[Ready]:
         """(account, queue) of accounts whose line could go now (holding.ready, not paused) and that
         have a free slot, in fair order: fewest slots in use for their weight first, then the one
         whose first held job has waited longest in line (weighted max-min fair)."""
@@ -46,7 +46,7 @@ class FairOrder:
         head = (DeferredTask.objects.filter(account_id=OuterRef("account_id"), queue=OuterRef("queue"),
                                             in_line_since__isnull=False)
                 .order_by(*holding.LINE_ORDER).values("in_line_since")[:1])
-        ready = (Backlog.objects.filter(holding.ready(now), **({"queue": queue} if queue else {}))
+        ready = (Backlog.objects.filter(holding.ready(), **({"queue": queue} if queue else {}))
                  .exclude(pausing.covering_backlog())
                  .annotate(in_flight=Coalesce(Subquery(in_flight, output_field=IntegerField()), Value(0)),
                            cap=Subquery(budget.values("max_concurrent")), weight=Subquery(budget.values("weight")),

@@ -174,16 +174,16 @@ class Ledger(FairOrder):
             if slot.task_run_id:
                 task_run_end(run_id=slot.task_run_id, end=end)
         return Charged(slot.task_run_id, active, in_line=holding.in_line(account_id=account_id, queue=queue),
-                       waiting=holding.any_ready(queue=queue, now=now),
-                       others_waiting=self._others_first(account_id=account_id, queue=queue, now=now))
+                       waiting=holding.any_ready(queue=queue),
+                       others_waiting=self._others_first(account_id=account_id, queue=queue))
 
-    def _others_first(self, *, account_id: int, queue: str, now: dt.datetime) -> bool:
+    def _others_first(self, *, account_id: int, queue: str) -> bool:
         """After a settlement (its slot deleted): whether another account's turn comes first (the
         PostgreSQL ledger's `others_ready`): a ready one with fewer slots in use for its weight."""
         weight = Budget.objects.filter(account_id=account_id, queue=queue).values_list("weight", flat=True).first() or 1
         mine = Reservation.objects.filter(account_id=account_id, queue=queue, status__in=IN_FLIGHT).count() / weight
         return any(ready.account_id != account_id and ready.share < mine
-                   for ready in self.ready_accounts(queue=queue, now=now, limit=2))
+                   for ready in self.ready_accounts(queue=queue, limit=2))
 
     def claim_for(self, *, account_id: int, queue: str, day: dt.date, worker: str,
                   yield_to_broker: bool) -> Claimed | None:

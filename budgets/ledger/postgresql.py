@@ -63,11 +63,11 @@ class Ledger(portable.Ledger):
                         weight=weight, rate_starts=rate_starts, rate_period_s=rate_period_s,
                         recent_starts=recent_starts, rate_frees_at=clock.from_wall(rate_frees_at))
 
-    def ready_accounts(self, *, queue: str | None, now: dt.datetime, limit: int | None = None) -> list[Ready]:
+    def ready_accounts(self, *, queue: str | None, limit: int | None = None) -> list[Ready]:
         if queue is None:
-            return [pair for q in _queues() for pair in self.ready_accounts(queue=q, now=now, limit=limit)]
+            return [pair for q in _queues() for pair in self.ready_accounts(queue=q, limit=limit)]
         with db.cursor() as cursor:
-            cursor.execute(s.READY_ACCOUNTS, {"queue": queue, "now": now, "limit": limit})
+            cursor.execute(s.READY_ACCOUNTS, {"queue": queue, "limit": limit})
             return [Ready(account_id, queue, share) for account_id, share in cursor.fetchall()]
 
     def dispatch_if_free(self, *, envelope: Envelope, queue: str, day: dt.date) -> bool:

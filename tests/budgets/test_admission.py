@@ -9,7 +9,7 @@ from django_q.signing import SignedPackage
 from budgets import clock
 from budgets.models import Budget, Reservation, ReservationStatus, UsageDay
 from budgets.admission import admit, admit_at_enqueue
-from budgets.handoff import release_due
+from scheduling.holding import release_due  # the pulse's tick
 from budgets.reclaim import reclaim_expired
 from budgets.running import reservation_grow
 from budgets.settlement import settle

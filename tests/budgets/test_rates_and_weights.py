@@ -7,12 +7,12 @@ import pytest
 from django.utils import timezone
 
 from budgets.admission import admit
-from budgets.handoff import pull, release_due
+from budgets.handoff import pull
 from budgets.models import Budget, Reservation, ReservationStatus
 from budgets.settlement import settle
 from scheduling import clock
 from scheduling.envelope import Envelope
-from scheduling.holding import unblock
+from scheduling.holding import release_due, unblock  # release_due: the pulse's tick
 from scheduling.models import Backlog, DeferReason, DeferredTask, TaskRun
 from scheduling.runtime import enqueue, enqueue_many
 from scheduling.services import task_run_new

@@ -64,3 +64,26 @@ def test_the_counts_follow_every_change_of_the_holding_area(account, other_accou
     Account.objects.filter(pk=other_account.pk).delete()
     DeferredTask.objects.filter(account=account, ref__startswith="a1").delete()  # one statement, many rows
     assert counted() == recounted()
+
+
+def test_a_held_up_line_goes_at_the_first_tick_after_its_time(account, other_account):
+    """`block` holds a line up until a time; "could it go now" asks no time (so that its prepared
+    statements' generic plans read only the lines that could go): the pulse's tick after that time
+    lets it go (`let_go_due`), and an operator's `unblock` at once. Lines whose time has not come
+    stay held up."""
+    now = clock.now()
+    for who in (account, other_account):
+        holding.hold(envelope=Envelope(job="tests.noop", account=who.pk, ref=f"r-{who.pk}"), queue="default",
+                     reason=DeferReason.CONCURRENCY_CAP, eligible_at=now)
+    holding.block(account_id=account.pk, queue="default", until=now + dt.timedelta(seconds=1))
+    holding.block(account_id=other_account.pk, queue="default", until=now + dt.timedelta(hours=1))
+
+    def ready() -> set[int]:
+        return set(Backlog.objects.filter(holding.ready()).values_list("account_id", flat=True))
+
+    assert ready() == set() and not holding.any_ready(queue="default")
+    assert holding.let_go_due(now) == 0  # neither time has come
+    assert holding.let_go_due(now + dt.timedelta(seconds=2)) == 1
+    assert ready() == {account.pk} and holding.any_ready(queue="default")
+    assert holding.unblock(account_id=other_account.pk, queue="default") == 1
+    assert ready() == {account.pk, other_account.pk}
