@@ -100,6 +100,7 @@ def block(*, account_id: int, queue: str, until: dt.datetime, reason: str = Defe
     - its rate limit is reached: the first job of its line says so, with that time (one row, by
       the line's index)."""
     Backlog.objects.filter(account_id=account_id, queue=queue, blocked_until__lt=until).update(blocked_until=until)
+    clock.set_alarm(until)  # this process's pulse lets it go then (another process's looks at its next tick)
     if reason == DeferReason.BUDGET_EXHAUSTED:
         DeferredTask.objects.filter(account_id=account_id, queue=queue, reason=DeferReason.BUDGET_RESERVED).update(
             reason=DeferReason.BUDGET_EXHAUSTED, eligible_at=until)
@@ -116,16 +117,21 @@ def unblock(*, account_id: int, queue: str) -> int:
 
 
 def let_go_due(now: dt.datetime) -> int:
-    """Lines held up until a time that has come (the next budget day, a rate limit's window) may go
-    again: the pulse's tick lets them go (`ready` asks no time, so that "which accounts could run
-    now" costs the same in a prepared statement's generic plan as in its custom ones). Reads only
-    the lines whose time came (index backlog_held_up), LINE_UP_BATCH a tick; lines another
-    transaction holds are for the next tick. Returns how many went."""
+    """The pulse's tick lets go the lines held up until a time that came (the next budget day, a
+    rate limit's window): `ready` asks no time, so that a prepared statement's generic plan reads
+    only the lines that could go. Reads only the lines whose time came (index backlog_held_up),
+    LINE_UP_BATCH a tick, those no other transaction holds. Returns how many went."""
     with transaction.atomic():
         due = list(Backlog.objects.select_for_update(skip_locked=True)
                    .filter(blocked_until__gt=NOT_BLOCKED, blocked_until__lte=now)
                    .order_by("blocked_until").values_list("pk", flat=True)[:LINE_UP_BATCH])
         return Backlog.objects.filter(pk__in=due).update(blocked_until=NOT_BLOCKED) if due else 0
+
+
+def next_let_go() -> dt.datetime | None:
+    """When the first held-up line's time comes (None: none is): the first of backlog_held_up."""
+    return (Backlog.objects.filter(blocked_until__gt=NOT_BLOCKED).order_by("blocked_until")
+            .values_list("blocked_until", flat=True).first())
 
 
 def park(*, message: dict[str, Any], version: int, queue: str) -> DeferredTask:

@@ -5,7 +5,8 @@ systemd's watchdog while the pool works (scheduling.watchdog), and ends a pool s
 FAIRSHARE["STALLED_POOL_EXIT_AFTER_S"] so that its supervisor starts it again.
 
 django-q2's scheduler ticks every ~30 s; a 2-second retry back-off or a freshly started budget
-day should not wait for it. Releasing is idempotent and row-locked (SKIP LOCKED), so several
+day should not wait for it. A line held up until sooner than the next tick (a rate limit's window
+frees within the second) has the pulse tick at that time instead (`_until_next_tick`). Releasing is idempotent and row-locked (SKIP LOCKED), so several
 workers pulsing at once release each held job once.
 """
 import datetime as dt
@@ -17,10 +18,12 @@ from django.conf import settings
 from django.db import connections
 from django.utils import timezone
 
-from scheduling import stuck, watchdog
+from scheduling import clock, stuck, watchdog
 
 logger = logging.getLogger("fairshare.pulse")
 _started = threading.Event()
+# The shortest wait between two ticks, however soon the next held-up line's time comes.
+MIN_TICK_S = 0.02
 
 
 def write_heartbeat(queue: str, *, stalled_since: dt.datetime | None = None) -> None:
@@ -45,6 +48,16 @@ def _watch_the_pool(watch: stuck.StuckWatch | None, queue: str) -> dt.datetime |
     return timezone.now() - dt.timedelta(seconds=stuck_s)
 
 
+def _until_next_tick(interval: float) -> float:
+    """`interval`, or less when the first held-up line's time comes sooner (one index entry)."""
+    from scheduling.holding import next_let_go
+
+    until = next_let_go()
+    if until is None:
+        return interval
+    return min(interval, max(MIN_TICK_S, (until - clock.now()).total_seconds()))
+
+
 def _loop(interval: float, queue: str, watch: stuck.StuckWatch | None) -> None:
     from scheduling.holding import release_due
     from scheduling.db import close_old_connections
@@ -53,6 +66,7 @@ def _loop(interval: float, queue: str, watch: stuck.StuckWatch | None) -> None:
     last_heartbeat = 0.0
     while True:
         stalled_since = _watch_the_pool(watch, queue)
+        pause = interval
         try:
             close_old_connections()
             if time.monotonic() - last_heartbeat >= every:
@@ -61,10 +75,11 @@ def _loop(interval: float, queue: str, watch: stuck.StuckWatch | None) -> None:
             # Held work goes to the broker only for a worker that is idle (this one, when it is):
             # busy workers take it by hand-off and pull, in the fair order.
             release_due(idle_workers=None if watch is None else {queue: int(watch.wants_work())})
+            pause = _until_next_tick(interval)
         except Exception as exc:  # the database may be away for a moment; try again next tick
             logger.warning("worker pulse failed", extra={"error_class": type(exc).__name__})
             connections.close_all()
-        time.sleep(interval)
+        clock.doze(pause)  # or less: until a line held up in this process may go
 
 
 def _watch() -> stuck.StuckWatch | None:

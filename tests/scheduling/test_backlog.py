@@ -87,3 +87,33 @@ def test_a_held_up_line_goes_at_the_first_tick_after_its_time(account, other_acc
     assert ready() == {account.pk} and holding.any_ready(queue="default")
     assert holding.unblock(account_id=other_account.pk, queue="default") == 1
     assert ready() == {account.pk, other_account.pk}
+
+
+def test_the_pulse_ticks_when_the_first_held_up_line_may_go_if_that_is_sooner(account, other_account):
+    from scheduling.pulse import MIN_TICK_S, _until_next_tick
+
+    assert _until_next_tick(1.0) == 1.0  # nothing held up
+    holding.hold(envelope=Envelope(job="tests.noop", account=account.pk, ref="r"), queue="default",
+                 reason=DeferReason.CONCURRENCY_CAP, eligible_at=clock.now())
+    holding.block(account_id=other_account.pk, queue="default", until=clock.now() + dt.timedelta(hours=1))
+    assert _until_next_tick(1.0) == 1.0  # held up for longer than a tick
+    holding.block(account_id=account.pk, queue="default", until=clock.now() + dt.timedelta(seconds=0.3))
+    assert 0.2 < _until_next_tick(1.0) <= 0.3  # a rate limit's window frees within the second
+    holding.block(account_id=account.pk, queue="default", until=clock.now() + dt.timedelta(seconds=2))
+    Backlog.objects.filter(account=account).update(blocked_until=clock.now() - dt.timedelta(seconds=1))
+    assert _until_next_tick(1.0) == MIN_TICK_S  # its time came: the tick lets it go at once
+
+
+def test_a_hold_up_set_in_this_process_ends_the_pulses_doze_by_its_time(account):
+    """The pulse dozes until its next tick or until a line held up here may go, if sooner."""
+    import time
+
+    holding.hold(envelope=Envelope(job="tests.noop", account=account.pk, ref="r"), queue="default",
+                 reason=DeferReason.CONCURRENCY_CAP, eligible_at=clock.now())
+    holding.block(account_id=account.pk, queue="default", until=clock.now() + dt.timedelta(seconds=0.2))
+    start = time.monotonic()
+    clock.doze(30)  # 30 s without the alarm
+    assert time.monotonic() - start < 10
+    start = time.monotonic()
+    clock.doze(0.01)  # the alarm came and went: it rings once
+    assert time.monotonic() - start < 10

@@ -157,8 +157,10 @@ def test_each_question_about_held_work_reads_a_bounded_number_of_rows(holding_ar
     # The due scan (the pulse's, every second): 1,000 retries wait for their own time, none due.
     due = DeferredTask.objects.filter(in_line_since__isnull=True, message__isnull=True, eligible_at__lte=now)
     assert sum(orm_rows_read(lambda: list(due.order_by("account_id", "queue", "eligible_at")[:1000])).values()) == 0
-    # The pulse's let-go: 9,997 lines held up until tomorrow, none due.
+    # The pulse's let-go: 9,997 lines held up until tomorrow, none due; when the first one's time
+    # comes (when the pulse ticks next), the first entry.
     assert sum(orm_rows_read(lambda: holding.let_go_due(now)).values()) == 0
+    assert sum(orm_rows_read(holding.next_let_go).values()) == 1
 
 
 def test_the_portable_forms_read_a_bounded_number_of_rows_too(holding_area):
