@@ -260,11 +260,11 @@ def line_up_due(now: dt.datetime) -> tuple[int, int]:
 
 
 def release_due(*, idle_workers: dict[str, int] | None = None) -> int:
-    """The pulse's tick (and the `scheduling.release_deferred` schedule's): lines held up until a
-    time that came are let go, held jobs whose own time came line up, then the enqueue gates send what may go now (the budget gate: the ready
-    accounts' lines into their free slots, for `idle_workers` as many as there are idle workers,
-    EnqueueGate.release_due); with no gate configured, every line that may go goes. Messages
-    parked for a version this process speaks go back too. Returns how many were sent."""
+    """The pulse's tick (and the `scheduling.release_deferred` schedule's): held-up lines whose time
+    came are let go, held jobs whose own time came line up, then the enqueue gates send what may
+    go now (the budget gate: the ready accounts' lines into their free slots, for `idle_workers` as
+    many as there are idle workers, EnqueueGate.release_due); with no gate, every line that may go
+    goes. Messages parked for a version this process speaks go back too. Returns how many went."""
     now = clock.now()
     let_go_due(now)
     _, sent = line_up_due(now)

@@ -5,9 +5,10 @@ systemd's watchdog while the pool works (scheduling.watchdog), and ends a pool s
 FAIRSHARE["STALLED_POOL_EXIT_AFTER_S"] so that its supervisor starts it again.
 
 django-q2's scheduler ticks every ~30 s; a 2-second retry back-off or a freshly started budget
-day should not wait for it. A line held up until sooner than the next tick (a rate limit's window
-frees within the second) has the pulse tick at that time instead (`_until_next_tick`). Releasing is idempotent and row-locked (SKIP LOCKED), so several
-workers pulsing at once release each held job once.
+day should not wait for it, nor a line held up until sooner than the next tick (a rate limit's
+window frees within the second): the pulse ticks at that time instead (`_until_next_tick`, and
+scheduling.clock's alarm for lines held up in this process). Releasing is idempotent and
+row-locked (SKIP LOCKED), so several workers pulsing at once release each held job once.
 """
 import datetime as dt
 import logging

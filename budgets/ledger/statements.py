@@ -48,7 +48,7 @@ def others_ready() -> str:
     backlog_ready: in line, not held up, not paused), below its cap, with fewer slots in use for its
     weight than the settling account will have once its run's slot is freed (ties: the settling
     account keeps its turn). What a pull reads, to its first such account. Parameters: account_id
-    (the settling account), queue, now."""
+    (the settling account), queue."""
     mine_after = (f"(({slots(account='%(account_id)s', queue='%(queue)s')} - 1)::float / "
                   f"(SELECT weight FROM {B} WHERE account_id = %(account_id)s AND queue = %(queue)s))")
     return (f"EXISTS (SELECT 1 FROM ({sql.ready_accounts()}) k JOIN {B} b ON b.account_id = k.account_id "
