@@ -219,6 +219,9 @@ class Fairshare(System):
 
     def __init__(self, path: str, label: str, leaves: str):
         self.key, self.label, self.leaves = f"fairshare-{path}", label, leaves
+        if path == "chain":  # what waits in the broker, and in the account's line (every worker busy)
+            self.remaining_sql = ("SELECT (SELECT count(*) FROM django_q_ormq WHERE key = 'default') + "
+                                  "(SELECT count(*) FROM scheduling_deferredtask WHERE ref LIKE 'peers-%')")
         if path == "bare":  # no record of a success (save_limit -1): no failure recorded either
             self.check_sql, self.check_equals_n = "SELECT count(*) FROM django_q_task WHERE NOT success", False
         else:  # the benchmark's runs (refs peers-<i>), not the product's schedules' maintenance jobs

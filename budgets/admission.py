@@ -38,16 +38,20 @@ def admit_at_enqueue(*, envelope: Envelope, queue: str) -> bool:
     if not it joins the holding area. Returns True when the caller should send it.
 
     It is held when its account is out of budget today, already has work in line there (it waits
-    behind it, in line order), has reached its rate limit, or has no free slot on this queue. CPU is
-    reserved when it starts.
+    behind it, in line order), has reached its rate limit, or has no free slot on this queue, and
+    when every worker of the queue is busy (a job sent to the broker waits for one): then the busy
+    workers' loops take it from the line in the fair order (budgets.handoff), and what the broker
+    holds stays as short as the number of workers, instead of a flood waiting there first in,
+    first out. CPU is reserved when it starts.
     A job sent again while its first message has not started (a reconciler's re-send) goes out
-    on the slot it already holds. The common case takes no lock and one statement on PostgreSQL:
-    a job sent on a stale view is checked again when it starts.
+    on the slot it already holds. The common case takes no lock and one statement on PostgreSQL
+    (sent or held): a job sent on a stale view is checked again when it starts.
     """
     now = clock.now()
     day = clock.budget_day(now)
-    if ledger().dispatch_if_free(envelope=envelope, queue=queue, day=day):
-        return True
+    decided = ledger().dispatch_or_hold(envelope=envelope, queue=queue, day=day)
+    if decided is not None:
+        return decided
     with transaction.atomic():
         state = locked_standing(account_id=envelope.account, queue=queue, day=day, envelope=envelope)
         if state.own_slot is not None:
@@ -61,6 +65,8 @@ def admit_at_enqueue(*, envelope: Envelope, queue: str) -> bool:
             reason, eligible_at = standing.rate_wait(state, now)
         elif state.free_slots <= 0:
             reason, eligible_at = DeferReason.CONCURRENCY_CAP, now
+        elif ledger().broker_waiting(queue=queue):
+            reason, eligible_at = DeferReason.WORKERS_BUSY, now
         else:
             ledger().dispatch(envelope=envelope, queue=queue, day=day)
             return True
@@ -168,8 +174,10 @@ def wake_when_committed(*, account_id: int, queue: str, reason: str, eligible_at
     commit (this one, and the settlement's), one sees the other's commit."""
     if eligible_at > clock.now():
         return  # it waits for a time (the next budget day, a back-off), not for a settlement
-    if reason == DeferReason.QUEUED_BEHIND:
+    if reason in (DeferReason.QUEUED_BEHIND, DeferReason.WORKERS_BUSY):
         # It waits behind older held work, which is released (and, when it ran, settled) under
         # the lock or by a settlement that sees this hold: whoever frees a slot for it sees it.
+        # Or for a worker, all of them busy: each one's settlement pulls from the lines once the
+        # broker's job started, and an idle worker's pulse releases what it finds.
         return
     transaction.on_commit(lambda: release_if_ready(account_id=account_id, queue=queue), robust=True)

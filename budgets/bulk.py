@@ -38,27 +38,32 @@ def admit_many_at_enqueue(*, envelopes: list[Envelope], queue: str) -> list[bool
             free = 0 if state.unreserved_ms <= 0 or state.in_line else max(0, state.free_slots)
             fits = free if state.starts_left is None else min(free, state.starts_left)
             rate_bound = fits < free  # the rate limit, not the slots, stopped the batch
+            busy = fits > 0 and ledger().broker_waiting(queue=queue)  # every worker busy: all of it waits in line
+            fits = 0 if busy else fits
             go, wait = indexes[:fits], indexes[fits:]
             ledger().dispatch_many(envelopes=[envelopes[i] for i in go], queue=queue, day=day)
             for i in go:
                 verdicts[i] = True
             if wait:
                 _hold(state, [envelopes[i] for i in wait], account_id=account_id, queue=queue, day=day, now=now,
-                      rate_bound=rate_bound)
+                      rate_bound=rate_bound, busy=busy)
     return verdicts
 
 
 def _hold(state: Standing, envelopes: list[Envelope], *, account_id: int, queue: str, day: dt.date,
-          now: dt.datetime, rate_bound: bool) -> None:
+          now: dt.datetime, rate_bound: bool, busy: bool) -> None:
     if state.unreserved_ms <= 0:
         reason, eligible_at = standing.out_of_budget(state, now)
+    elif busy:
+        reason, eligible_at = DeferReason.WORKERS_BUSY, now
     elif rate_bound:
         reason, eligible_at = standing.rate_wait(state, now)
     else:
         reason, eligible_at = (DeferReason.QUEUED_BEHIND if state.in_line else DeferReason.CONCURRENCY_CAP), now
     hold_many(envelopes=envelopes[:1], queue=queue, reason=reason, eligible_at=eligible_at)
     if len(envelopes) > 1:
-        behind = DeferReason.QUEUED_BEHIND if reason in (DeferReason.CONCURRENCY_CAP, DeferReason.RATE_LIMITED) \
+        behind = DeferReason.QUEUED_BEHIND if reason in (DeferReason.CONCURRENCY_CAP, DeferReason.RATE_LIMITED,
+                                                         DeferReason.WORKERS_BUSY) \
             else reason
         hold_many(envelopes=envelopes[1:], queue=queue, reason=behind, eligible_at=eligible_at)
     wake_when_committed(account_id=account_id, queue=queue, reason=reason, eligible_at=eligible_at)

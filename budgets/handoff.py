@@ -42,12 +42,18 @@ PULL_CANDIDATES = 4
 RELEASE_BATCH = 200
 
 
-def release(*, account_id: int, queue: str, state: Standing, day: dt.date, limit: int | None = None) -> int:
+def release(*, account_id: int, queue: str, state: Standing, day: dt.date, limit: int | None = None,
+            for_idle_worker: bool = False) -> int:
     """Under the lock: send the first jobs of the account's line into its free slots (each
-    dispatched), as many as its standing lets go (`releasable`), at most `limit`."""
+    dispatched), as many as its standing lets go (`releasable`), at most `limit`. None while a job
+    sent to the broker on the queue waits for a worker, unless an idle worker asks
+    (`for_idle_worker`): every worker is busy, and each one's loop takes the line's work in the fair
+    order once the broker's job started (what the broker holds would run first in, first out)."""
     n = standing.releasable(state) if limit is None else min(limit, standing.releasable(state))
     if n <= 0:
         hold_up(account_id=account_id, queue=queue, state=state)
+        return 0
+    if not for_idle_worker and ledger().broker_waiting(queue=queue):
         return 0
     released = holding.release_first(account_id=account_id, queue=queue, limit=n)
     ledger().dispatch_many(envelopes=[Envelope(job=held.job, account=account_id, ref=held.ref, priority=held.priority)
@@ -70,12 +76,13 @@ def hold_up(*, account_id: int, queue: str, state: Standing) -> None:
         holding.block(account_id=account_id, queue=queue, until=state.rate_frees_at, reason=DeferReason.RATE_LIMITED)
 
 
-def release_locked(*, account_id: int, queue: str, limit: int | None = None) -> int:
+def release_locked(*, account_id: int, queue: str, limit: int | None = None, for_idle_worker: bool = False) -> int:
     """`release` in a transaction of its own, under the lock."""
     day = clock.budget_day()
     with transaction.atomic():
         state = locked_standing(account_id=account_id, queue=queue, day=day)
-        return release(account_id=account_id, queue=queue, state=state, day=day, limit=limit)
+        return release(account_id=account_id, queue=queue, state=state, day=day, limit=limit,
+                       for_idle_worker=for_idle_worker)
 
 
 def release_if_ready(*, account_id: int, queue: str) -> int:
@@ -109,7 +116,7 @@ def release_due(*, idle_workers: dict[str, int] | None = None) -> int:
     sent = 0
     for queue, idle in idle_workers.items():
         if idle > 0:
-            sent += sum(release_locked(account_id=ready.account_id, queue=queue, limit=1)
+            sent += sum(release_locked(account_id=ready.account_id, queue=queue, limit=1, for_idle_worker=True)
                         for ready in ledger().ready_accounts(queue=queue, limit=idle))
     return sent
 

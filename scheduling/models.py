@@ -83,6 +83,10 @@ class DeferReason(models.TextChoices):
     # The account started as many runs on the queue as its rate limit allows in a window: it waits
     # until the oldest of them leaves the window (budgets.standing.Standing.rate_frees_at).
     RATE_LIMITED = "rate_limited", "Account at its rate limit"
+    # Every worker of the queue is busy (a job sent to the broker waits for one): new work waits in
+    # its account's line, taken in the fair order by the busy workers' loops, instead of in the
+    # broker's first-in-first-out (budgets.admission.admit_at_enqueue).
+    WORKERS_BUSY = "workers_busy", "Waiting for a free worker"
 
 
 # A job held for one of these waits for a time of its own (its `eligible_at`) before it joins its
@@ -196,6 +200,7 @@ class Backlog(models.Model):
     message_lost = models.PositiveIntegerField(default=0)
     needs_newer_worker = models.PositiveIntegerField(default=0)
     rate_limited = models.PositiveIntegerField(default=0)
+    workers_busy = models.PositiveIntegerField(default=0)
 
     class Meta:
         constraints = [models.UniqueConstraint(fields=["account", "queue"], name="backlog_unique_account_queue")]

@@ -35,6 +35,20 @@ UPDATE {_DEFERRED} SET claimed_by = %(worker)s, claim_expires_at = %(claim_expir
 RETURNING job, ref, priority"""
 
 
+def hold_in_line(*, source: str, reason: str) -> str:
+    """Hold a job in its account's line, one row for each row of the caller's `source` (a CTE of
+    its statement; none, none held), for `reason` (SQL), due now: an INSERT returning 1 per job
+    held. A job already held keeps its row as it is (no row returned): the caller then decides
+    under the account's lock. Backlog's triggers count it in the same statement.
+    Parameters: account_id, queue, job, ref, priority, now, created_at (the wall clock's)."""
+    return f"""
+INSERT INTO {_DEFERRED} (account_id, queue, job, ref, reason, eligible_at, created_at, in_line_since, deferrals,
+                         priority, claimed_by, claim_expires_at, envelope_version, message)
+SELECT %(account_id)s, %(queue)s, %(job)s, %(ref)s, {reason}, %(now)s, %(created_at)s, %(now)s, 1, %(priority)s, '', NULL, 1,
+       NULL FROM {source}
+ON CONFLICT (job, ref) DO NOTHING RETURNING 1"""
+
+
 def complete_claim(*, only_if: str = "TRUE") -> str:
     """The claimed job's run starts: it leaves the holding area if the claimant still holds its
     claim and the caller's condition holds; returns a row when it did.

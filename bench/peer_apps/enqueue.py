@@ -39,8 +39,8 @@ def fairshare(path: str, n: int) -> float:
     for i in range(n):
         if func:  # as bench/budget_overhead.py's bare and recorded paths
             async_task(func, bo.envelope_message(account_id, f"peers-{i}"), task_name=f"{func}:peers-{i}")
-        elif enqueue(job=bo.CHAIN_JOB, account=account_id, ref=f"peers-{i}") is None:
-            raise SystemExit(f"job {i} was held at enqueue: the benchmark account's cap binds")
+        else:  # sent, or held in the account's line while a job sent to the broker waits for a worker
+            enqueue(job=bo.CHAIN_JOB, account=account_id, ref=f"peers-{i}")
     return time.perf_counter() - t0
 
 

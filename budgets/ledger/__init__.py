@@ -5,7 +5,7 @@ A slot is a Reservation row; its states and the one transition (a method of the 
 moves it between them:
 
     (a job held)                                          (none)
-        | claim_for / claim_and_admit (hand-off, pull)      | dispatch / dispatch_if_free (enqueue)
+        | claim_for / claim_and_admit (hand-off, pull)      | dispatch / dispatch_or_hold (enqueue)
         v                                                   v
     DISPATCHED on a claim's lease ── activate ──>  ACTIVE  <── activate (admission) ── DISPATCHED
     ACTIVE on a claim's lease ── start_admitted ──>  ACTIVE (running)

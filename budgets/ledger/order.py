@@ -24,6 +24,19 @@ IN_FLIGHT = (ReservationStatus.DISPATCHED, ReservationStatus.ACTIVE)
 # waiting. About two polls of FAIRSHARE_POLL's default, so a message an idle worker is about to
 # fetch does not count.
 BROKER_WAIT_YIELD_S = 0.25
+# ... and no longer once it has waited this long: then its message was most likely lost (a killed
+# worker's, with the Redis broker), and the reclaim sends it again at the end of its dispatch lease.
+# Until then, work goes to the broker as if no job waited there, instead of waiting in line for
+# workers that would yield to a message that never comes. A job that really waits this long waits
+# behind long runs, which a work-conserving loop does not speed up.
+BROKER_WAIT_FORGET_S = 60.0
+
+
+def broker_window() -> tuple[dt.datetime, dt.datetime]:
+    """The send times of the dispatched slots that say "a job sent to the broker waits for a
+    worker": after the first, before the second."""
+    now = timezone.now()
+    return now - dt.timedelta(seconds=BROKER_WAIT_FORGET_S), now - dt.timedelta(seconds=BROKER_WAIT_YIELD_S)
 
 
 class Ready(NamedTuple):
@@ -58,9 +71,10 @@ class FairOrder:
 
     def broker_waiting(self, *, queue: str) -> bool:
         """Whether a job sent to the broker on the queue has waited BROKER_WAIT_YIELD_S without
-        starting (a claimed job's slot is not one: its held row is still there)."""
-        since = timezone.now() - dt.timedelta(seconds=BROKER_WAIT_YIELD_S)
+        starting, and not yet BROKER_WAIT_FORGET_S (a claimed job's slot is not one: its held row
+        is still there)."""
+        forgets, since = broker_window()
         held = DeferredTask.objects.filter(job=OuterRef("job"), ref=OuterRef("ref"))
-        return Reservation.objects.filter(queue=queue, status=ReservationStatus.DISPATCHED, created_at__lt=since) \
-            .exclude(Exists(held)).exists()
+        return Reservation.objects.filter(queue=queue, status=ReservationStatus.DISPATCHED, created_at__lt=since,
+                                          created_at__gt=forgets).exclude(Exists(held)).exists()
 

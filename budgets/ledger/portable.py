@@ -90,9 +90,12 @@ class Ledger(FairOrder):
 
     # --- Slot transitions -----------------------------------------------------------------------
 
-    def dispatch_if_free(self, *, envelope: Envelope, queue: str, day: dt.date) -> bool:
-        """The enqueue check's common case without the lock; here, never: the caller decides under it."""
-        return False
+    def dispatch_or_hold(self, *, envelope: Envelope, queue: str, day: dt.date) -> bool | None:
+        """The enqueue check's common case without the lock (an account with budget, a free slot and
+        no rate limit): True when the job took a dispatched slot, False when it joined the
+        account's line (behind its held work, or every worker being busy); None when the lock must
+        decide. Here, always None."""
+        return None
 
     def dispatch(self, *, envelope: Envelope, queue: str, day: dt.date, lease_s: float | None = None) -> int:
         """(none) -> DISPATCHED: a slot for a job on its way to the broker (or claimed by a worker,

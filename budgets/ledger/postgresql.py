@@ -19,7 +19,7 @@ from django.utils import timezone
 from budgets import standing
 from budgets.ledger import AdmittedAtOnce, Charged, Claimed, PassOn, portable
 from budgets.ledger import statements as s
-from budgets.ledger.order import BROKER_WAIT_YIELD_S, Ready
+from budgets.ledger.order import Ready, broker_window
 from budgets.models import Queue, ReservationStatus
 from budgets.standing import Standing
 from scheduling import clock, db, sql
@@ -40,8 +40,9 @@ def _one(statement: str, params: dict) -> tuple | None:
         return cursor.fetchone()
 
 
-def _broker_since() -> dt.datetime:
-    return timezone.now() - dt.timedelta(seconds=BROKER_WAIT_YIELD_S)
+def _broker_window() -> dict[str, dt.datetime]:
+    forgets, since = broker_window()
+    return {"broker_since": since, "broker_forgets": forgets}
 
 
 class Ledger(portable.Ledger):
@@ -70,10 +71,12 @@ class Ledger(portable.Ledger):
             cursor.execute(s.READY_ACCOUNTS, {"queue": queue, "limit": limit})
             return [Ready(account_id, queue, share) for account_id, share in cursor.fetchall()]
 
-    def dispatch_if_free(self, *, envelope: Envelope, queue: str, day: dt.date) -> bool:
-        return _one(s.DISPATCH_IF_FREE, {
+    def dispatch_or_hold(self, *, envelope: Envelope, queue: str, day: dt.date) -> bool | None:
+        row = _one(s.DISPATCH_OR_HOLD, {
             "account_id": envelope.account, "queue": queue, "day": day, "job": envelope.job, "ref": envelope.ref,
-            "lease": standing.dispatch_lease_expiry(), "created_at": timezone.now(), "now": clock.now()}) is not None
+            "priority": envelope.priority, "lease": standing.dispatch_lease_expiry(), "created_at": timezone.now(),
+            "now": clock.now(), **_broker_window()})
+        return None if row is None else row[0] is not None
 
     def admit_at_once(self, *, envelope: Envelope, queue: str, day: dt.date, reserve_ms: int, run: TaskRun,
                       worker: str) -> AdmittedAtOnce:
@@ -135,7 +138,7 @@ class Ledger(portable.Ledger):
         new_run_sql, new_run_params = task_run_insert_sql(run, source="h", taken={"job": "h.job", "ref": "h.ref"})
         params = db.params(params, new_run_params, {
             "today": pass_on.day, "step_ms": step, "keep_at_least": max(1, step // 2), "worker": pass_on.worker,
-            "claim_expires_at": now + dt.timedelta(seconds=pass_on.lease_s), "broker_since": _broker_since(),
+            "claim_expires_at": now + dt.timedelta(seconds=pass_on.lease_s), **_broker_window(),
             "slot_lease": timezone.now() + dt.timedelta(seconds=pass_on.lease_s), "created_at": timezone.now()})
         row = _one(s.SETTLE_AND_PASS_ON.format(run_end=run_end_sql, new_run=new_run_sql), params)
         if row is None:
@@ -154,7 +157,7 @@ class Ledger(portable.Ledger):
         """A claim's: its expiry on the kernel's clock (the holding area's), its slot's lease on the wall clock."""
         now, lease_s = clock.now(), standing.claim_lease_s()
         return {"account_id": account_id, "queue": queue, "day": day, "worker": worker, "now": now,
-                "claim_expires_at": now + dt.timedelta(seconds=lease_s), "broker_since": _broker_since(),
+                "claim_expires_at": now + dt.timedelta(seconds=lease_s), **_broker_window(),
                 "slot_lease": timezone.now() + dt.timedelta(seconds=lease_s), "created_at": timezone.now()}
 
     def claim_for(self, *, account_id: int, queue: str, day: dt.date, worker: str,

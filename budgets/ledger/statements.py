@@ -9,9 +9,11 @@ tables: tests/budgets/test_statement_cost.py).
 """
 from budgets.models import Budget, Reservation, ReservationStatus, UsageDay
 from scheduling import sql
+from scheduling.models import DeferReason
 
 B, U, R = Budget._meta.db_table, UsageDay._meta.db_table, Reservation._meta.db_table
 ACTIVE, DISPATCHED = f"'{ReservationStatus.ACTIVE.value}'", f"'{ReservationStatus.DISPATCHED.value}'"
+QUEUED_BEHIND, WORKERS_BUSY = DeferReason.QUEUED_BEHIND.value, DeferReason.WORKERS_BUSY.value
 
 
 # --- The rules ------------------------------------------------------------------------------------
@@ -36,11 +38,13 @@ def running(*, account: str, queue: str, but: str = "NULL") -> str:
 
 
 def broker_waiting() -> str:
-    """"A job sent to the broker on the queue waits for a worker": a dispatched slot older than
-    the yield threshold whose job is not held (a claimed job's slot is not one). Reads the queue's
-    dispatched slots (index reservation_dispatched). Parameters: queue, broker_since."""
+    """"A job sent to the broker on the queue waits for a worker": a dispatched slot sent within
+    budgets.ledger.order.broker_window whose job is not held (a claimed job's slot is not one).
+    Reads the queue's dispatched slots sent in that window (index reservation_dispatched).
+    Parameters: queue, broker_since, broker_forgets."""
     return (f"EXISTS (SELECT 1 FROM {R} w WHERE w.queue = %(queue)s AND w.status = {DISPATCHED} "
-            f"AND w.created_at < %(broker_since)s AND NOT {sql.is_held(job='w.job', ref='w.ref')})")
+            "AND w.created_at < %(broker_since)s AND w.created_at > %(broker_forgets)s "
+            f"AND NOT {sql.is_held(job='w.job', ref='w.ref')})")
 
 
 def others_ready() -> str:
@@ -86,22 +90,38 @@ SELECT b.cpu_seconds_per_day, b.max_concurrent, u.id, COALESCE(u.cpu_used_ms, 0)
 _SLOT_COLUMNS = ("account_id, queue, day, job, ref, status, lease_expires_at, created_at, worker, "
                  "cpu_reserved_ms, cpu_reported_ms, cpu_charged_ms, task_run_id")
 
-# The enqueue check's common case, no lock: a dispatched slot for the job when its account has
-# budget left today, a free slot on the queue, nothing in line there, no slot of the job's own and
-# no rate limit (a rate-limited account's starts are decided under the lock: budgets.standing).
-# Reads the account's Budget, usage row, slots and Backlog row.
-DISPATCH_IF_FREE = f"""
-INSERT INTO {R} ({_SLOT_COLUMNS})
-SELECT b.account_id, b.queue, %(day)s::date, %(job)s::varchar, %(ref)s::varchar, {DISPATCHED}, %(lease)s::timestamptz,
-       %(created_at)s::timestamptz, '', 0, 0, 0, NULL
-  FROM {B} b LEFT JOIN {U} u ON u.account_id = b.account_id AND u.queue = b.queue AND u.day = %(day)s
- WHERE b.account_id = %(account_id)s AND b.queue = %(queue)s AND b.rate_starts IS NULL
-   AND {unreserved(limit_s='b.cpu_seconds_per_day', usage='u')} > 0
-   AND b.max_concurrent > {slots(account='b.account_id', queue='b.queue')}
-   AND NOT {sql.in_line(account='b.account_id', queue='b.queue')}
-   AND NOT EXISTS (SELECT 1 FROM {R} r WHERE r.account_id = b.account_id AND r.queue = b.queue
-                      AND r.status = {DISPATCHED} AND r.job = %(job)s AND r.ref = %(ref)s)
-RETURNING id"""
+# The enqueue check's common case, no lock: the account has budget left today, a free slot on the
+# queue, no slot of the job's own and no rate limit (a rate-limited account's starts are decided
+# under the lock: budgets.standing) (`a`). Then the job takes a dispatched slot (`d`) when nothing is
+# in the account's line and no job sent to the broker on the queue waits for a worker; otherwise it
+# joins the line (`h`): behind the account's held work, or, every worker being busy, to be taken by
+# a busy worker's loop in the fair order instead of waiting in the broker's first-in-first-out; its
+# deferral counted on the day's usage row (`c`; without that row yet, the lock decides). Returns
+# (the slot's id, whether it was held, whether it waits behind the account's line), no row when
+# the lock must decide. Reads the account's Budget, usage row, slots and Backlog row, and the
+# queue's dispatched slots (index reservation_dispatched).
+DISPATCH_OR_HOLD = f"""
+WITH a AS (
+  SELECT b.account_id, u.id AS usage_id, {sql.in_line(account='b.account_id', queue='b.queue')} AS in_line,
+         {broker_waiting()} AS busy
+    FROM {B} b LEFT JOIN {U} u ON u.account_id = b.account_id AND u.queue = b.queue AND u.day = %(day)s
+   WHERE b.account_id = %(account_id)s AND b.queue = %(queue)s AND b.rate_starts IS NULL
+     AND {unreserved(limit_s='b.cpu_seconds_per_day', usage='u')} > 0
+     AND b.max_concurrent > {slots(account='b.account_id', queue='b.queue')}
+     AND NOT EXISTS (SELECT 1 FROM {R} r WHERE r.account_id = b.account_id AND r.queue = b.queue
+                        AND r.status = {DISPATCHED} AND r.job = %(job)s AND r.ref = %(ref)s)),
+d AS (
+  INSERT INTO {R} ({_SLOT_COLUMNS})
+  SELECT a.account_id, %(queue)s::varchar, %(day)s::date, %(job)s::varchar, %(ref)s::varchar, {DISPATCHED},
+         %(lease)s::timestamptz, %(created_at)s::timestamptz, '', 0, 0, 0, NULL
+    FROM a WHERE NOT a.in_line AND NOT a.busy
+  RETURNING id),
+w AS (SELECT a.in_line FROM a WHERE (a.in_line OR a.busy) AND a.usage_id IS NOT NULL),
+h AS ({sql.hold_in_line(source='w', reason=f"CASE WHEN w.in_line THEN '{QUEUED_BEHIND}' ELSE '{WORKERS_BUSY}' END")}),
+c AS (UPDATE {U} SET deferrals = deferrals + 1 WHERE id = (SELECT usage_id FROM a) AND EXISTS (SELECT 1 FROM h)
+      RETURNING 1)
+SELECT (SELECT id FROM d), EXISTS (SELECT 1 FROM h), (SELECT in_line FROM w), (SELECT COUNT(*) FROM c)
+ WHERE EXISTS (SELECT 1 FROM d) OR EXISTS (SELECT 1 FROM h)"""
 
 # The admission's common case without taking the lock first (a job sent with a slot of its own,
 # its account below its cap on running jobs with a step left): it writes the account's Budget row

@@ -169,9 +169,12 @@ def test_a_worker_yields_to_work_waiting_in_the_broker_instead_of_claiming(accou
 
     assert settled.handed_to is None  # the worker goes back to the broker ...
     assert pull(queue="default", worker="w1") is None
-    slot = Reservation.objects.get(account=account)  # ... and the freed slot's job is sent there
-    assert (slot.ref, slot.status) == ("0/1", ReservationStatus.DISPATCHED)
-    assert not DeferredTask.objects.exists()
+    # ... and the freed slot's job waits in line, not behind the broker's job (which would run it
+    # first in, first out): every worker is busy, and the first to take the broker's job pulls it next.
+    assert not Reservation.objects.filter(account=account).exists()
+    assert DeferredTask.objects.filter(ref="0/1", claimed_by="").exists()
+    assert run(other_account, "0/waiting").admitted
+    assert pull(queue="default", worker="w1").envelope.ref == "0/1"
 
 
 @pytest.mark.ledger("postgresql")

@@ -7,12 +7,15 @@ than its cap (the recorded run intervals say so), its jobs start in the order th
 the ledger adds up to the recorded runs, and a worker killed between claiming a job and starting
 it loses nothing.
 """
+import time
+
 import pytest
+from django_q.models import OrmQ
 
 from budgets import clock
 from budgets.models import Reservation, ReservationStatus
 from budgets.reclaim import reclaim_expired
-from scheduling.models import DeferredTask, Outcome, TaskRun
+from scheduling.models import DeferReason, DeferredTask, Outcome, TaskRun
 from scheduling.runtime import enqueue
 from tests.budgets.test_processes import (
     ADMITTED, give_budget, ledger_totals, recorded_totals, runs_of, usage, wait,
@@ -119,13 +122,60 @@ def kill_a_claimant(account, start_cluster, tmp_path, *, fault: str,
     return cluster, refs, claimed
 
 
-def assert_recovers_once_in_order(account, refs: list[str], cluster) -> None:
+def assert_recovers_once_in_order(account, refs: list[str], cluster, *, cap: int = 1) -> None:
     def recovered():
         reclaim_expired()  # the reclaim schedule's work: the dead claim's slot comes back
         return runs_of(account, outcome=Outcome.SUCCEEDED).count() >= len(refs) and drained(account)
     wait(recovered, timeout=90, interval=0.5, what="the claimed job and the rest to run", clusters=[cluster])
-    assert_ran_once_within_cap_in_order(account, refs, cap=1)
+    assert_ran_once_within_cap_in_order(account, refs, cap=cap)
     assert usage(account).runs == len(refs)
+
+
+def flood_while_busy(account, n: int) -> dict[str, int]:
+    """Enqueue `n` jobs of 100 ms for an account that could run 50 at once, one every 10 ms, into
+    a cluster of two workers: after the first few, every worker is busy. Returns the most messages
+    the broker held and the most jobs that waited in line for a worker, seen after each enqueue."""
+    most = {"in_broker": 0, "waiting_for_a_worker": 0}
+    for i in range(n):
+        enqueue(job="tests.sleep", account=account.pk, ref=f"100/{i}")
+        most["in_broker"] = max(most["in_broker"], OrmQ.objects.count())
+        most["waiting_for_a_worker"] = max(most["waiting_for_a_worker"], DeferredTask.objects.filter(
+            account=account, reason__in=(DeferReason.WORKERS_BUSY, DeferReason.QUEUED_BEHIND)).count())
+        time.sleep(0.01)
+    return most
+
+
+def test_a_flood_while_every_worker_is_busy_waits_in_line_not_in_the_broker(account, start_cluster):
+    """The account has 50 slots free, but two workers: once a job sent to the broker waited for
+    one, the rest waits in the account's line and the busy workers' loops run it there (pull,
+    hand-off, pass-on), instead of the broker holding the flood first in, first out."""
+    give_budget(account, cpu_seconds=1000, max_concurrent=50)
+    cluster = start_cluster("default", FAIRSHARE_WORKERS="2")
+    refs = [f"100/{i}" for i in range(40)]
+    most = flood_while_busy(account, len(refs))
+
+    wait(lambda: runs_of(account, outcome=Outcome.SUCCEEDED).count() >= len(refs) and drained(account),
+         timeout=90, what="the flood to run", clusters=[cluster])
+    assert_ran_once_within_cap_in_order(account, refs, cap=2)  # two workers
+    # 0.25 s of a flood paced at 10 ms reach the broker before one of its messages has waited that
+    # long (and a worker takes one every 100 ms); the rest of it waited in line.
+    assert most["in_broker"] <= 20 and most["waiting_for_a_worker"] >= 10, most
+
+
+def test_a_worker_killed_in_a_flood_that_waits_in_line_loses_and_duplicates_nothing(account, start_cluster, tmp_path):
+    """As above, and the worker that passes its slot on to the line's next job dies there (holding
+    the job's claim and its admission): the claim expires, the reclaim undoes the admission and the
+    job runs once, elsewhere."""
+    give_budget(account, cpu_seconds=1000, max_concurrent=50)
+    marker = tmp_path / "fault-fired"
+    cluster = start_cluster("default", FAIRSHARE_WORKERS="2", FAIRSHARE_FAULT="after_pass_on",
+                            FAIRSHARE_FAULT_MARKER=str(marker), FAIRSHARE_HANDOFF_CLAIM_LEASE_S="2")
+    refs = [f"100/{i}" for i in range(30)]
+    flood_while_busy(account, len(refs))
+    wait(marker.exists, timeout=30, what="the fault point to fire", clusters=[cluster])
+
+    assert_recovers_once_in_order(account, refs, cluster, cap=2)
+    assert runs_of(account, outcome=Outcome.SKIPPED).count() == 1  # the pass-on's run, undone
 
 
 @pytest.mark.ledger("postgresql", "portable")  # the portable ledger with real workers too

@@ -145,10 +145,11 @@ def test_each_question_about_held_work_reads_a_bounded_number_of_rows(holding_ar
         # An account's standing (every admission under the lock, every hand-off and release).
         "standing": (s.STANDING, {"account_id": capped.pk, "queue": "default", "day": budget_clock.budget_day(),
                                   "job": "", "ref": "", "claimant": None, "now": now, "wall_now": now}),
-        # The enqueue check's common case: the account's line says "queued behind".
-        "enqueue check": (s.DISPATCH_IF_FREE, {"account_id": capped.pk, "queue": "default",
+        # The enqueue check's common case: the account's line says "queued behind" (it holds the job).
+        "enqueue check": (s.DISPATCH_OR_HOLD, {"account_id": capped.pk, "queue": "default",
                                                "day": budget_clock.budget_day(), "job": "tests.noop", "ref": "new",
-                                               "lease": now, "created_at": now, "now": now}),
+                                               "priority": 0, "lease": now, "created_at": now, "now": now,
+                                               "broker_since": now, "broker_forgets": now - dt.timedelta(minutes=1)}),
     }
     for name, (statement, params) in checks.items():
         for plan, read in (("custom", rows_read(statement, params)), ("generic", generic_rows_read(statement, params))):
