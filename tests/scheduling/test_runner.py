@@ -43,6 +43,12 @@ def spin(ctx) -> None:
         pass
 
 
+@job("tests.runner.allocate", queue="default")
+def allocate(ctx) -> None:
+    block = bytearray(150 * 1024 * 1024)
+    block[::4096] = b"x" * len(block[::4096])  # touched: resident
+
+
 @job("tests.runner.query", queue="default")
 def query(ctx) -> None:
     with connection.cursor() as cursor:
@@ -189,6 +195,16 @@ def test_cpu_time_spent_by_the_handler_is_recorded(account):
     assert run.cpu_ms >= 200
     # Wall time covers the CPU time (a process cannot use more than one core's worth here).
     assert run.wall_ms >= run.cpu_ms - 5
+
+
+def test_each_run_records_its_own_peak_memory(account):
+    """The peak RSS is reset at each run's start (Linux: /proc/self/clear_refs), so a run after a
+    greedy one records its own, smaller peak."""
+    execute(envelope("tests.runner.allocate", account.pk, ref="greedy"))
+    execute(envelope("tests.runner.noop", account.pk, ref="after"))
+
+    greedy, after = (TaskRun.objects.get(ref=ref).peak_rss_kb for ref in ("greedy", "after"))
+    assert greedy >= after + 140 * 1024 and after > 0
 
 
 def test_time_waiting_on_the_database_is_recorded_apart_from_cpu_time(account):
