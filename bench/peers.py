@@ -356,9 +356,10 @@ def table_counts(conn) -> dict[str, int]:
     return {t: conn.execute(sql.SQL("SELECT count(*) FROM {}").format(sql.Identifier(t))).fetchone()[0] for t in tables}
 
 
-def own_cpu_ticks(procs: list, conn) -> dict[int, int]:
+def own_cpu_ticks(procs: list, conn) -> tuple[dict[int, int], set[int]]:
     """CPU clock ticks (user + system, with reaped children's) of every process in the workers'
-    sessions and of the database's other backends (not this benchmark's): by PID, from /proc."""
+    sessions and of the database's other backends (not this benchmark's): by PID, from /proc; and
+    which of them are the database's backends."""
     sessions = {p.pid for p in procs}
     backends = {r[0] for r in conn.execute(
         "SELECT pid FROM pg_stat_activity WHERE datname = current_database() AND pid <> pg_backend_pid()").fetchall()}
@@ -373,13 +374,15 @@ def own_cpu_ticks(procs: list, conn) -> dict[int, int]:
         pid = int(entry.name)
         if int(fields[3]) in sessions or pid in backends:  # fields[3]: its session id
             ticks[pid] = sum(int(f) for f in fields[11:15])  # utime, stime, cutime, cstime
-    return ticks
+    return ticks, backends
 
 
-def own_cpu_seconds(start: dict[int, int], end: dict[int, int]) -> float:
-    """The CPU those processes spent between two `own_cpu_ticks` (a process new at the end counts
-    whole; one that exited and was not reaped by another of them is lost: a closed connection)."""
-    return sum(t - start.get(pid, 0) for pid, t in end.items()) / os.sysconf("SC_CLK_TCK")
+def own_cpu_seconds(start: dict[int, int], end: dict[int, int], only: set[int] | None = None) -> float:
+    """The CPU those processes (or the `only` ones) spent between two `own_cpu_ticks` (a process new
+    at the end counts whole; one that exited and was not reaped by another of them is lost: a closed
+    connection)."""
+    return sum(t - start.get(pid, 0) for pid, t in end.items()
+               if only is None or pid in only) / os.sysconf("SC_CLK_TCK")
 
 
 # --- One round of one system --------------------------------------------------------------------
@@ -405,9 +408,11 @@ def measure(system: System, n: int, db_name: str, template: str, log_dir: Path, 
                 now, cpu = time.perf_counter(), h.machine_cpu_seconds()
                 if first is None and left < n:
                     first = (now, left, cpu)
-                    own_first = own_cpu_ticks(procs, conn)
+                    own_first, _ = own_cpu_ticks(procs, conn)
                 if left == 0:
-                    own = own_cpu_seconds(own_first, own_cpu_ticks(procs, conn))
+                    own_last, backends = own_cpu_ticks(procs, conn)
+                    own = own_cpu_seconds(own_first, own_last)
+                    own_db = own_cpu_seconds(own_first, own_last, only=backends)
                     break
                 dead = [p for p in procs if not p.alive()]
                 if dead:
@@ -432,6 +437,7 @@ def measure(system: System, n: int, db_name: str, template: str, log_dir: Path, 
         "start_to_empty_s": now - t_start,
         "machine_cpu_s_per_1000": None if cpu is None else (cpu - cpu_first) * 1000 / left_at_first,
         "own_cpu_s_per_1000": own * 1000 / left_at_first,
+        "database_cpu_s_per_1000": own_db * 1000 / left_at_first,
         "rows_left": {t: d for t, d in rows.items() if d},
         "loadavg_1m_at_start": load,
     }
@@ -522,6 +528,7 @@ def main(argv=None) -> int:
             "jobs_per_s_rounds": [x["jobs_per_s"] for x in xs],
             "machine_cpu_s_per_1000": h.median(cpus) if cpus else None,
             "own_cpu_s_per_1000": h.median([x["own_cpu_s_per_1000"] for x in xs]),
+            "database_cpu_s_per_1000": h.median([x["database_cpu_s_per_1000"] for x in xs]),
             "enqueue_per_s": h.median([x["enqueue_per_s"] for x in xs]),
             "rows_left_per_job": {t: d / args.jobs for t, d in xs[-1]["rows_left"].items()},
             "leaves": leaves_text(xs[-1]["rows_left"], args.jobs),
@@ -550,6 +557,7 @@ def main(argv=None) -> int:
             "cpu": "machine busy CPU (/proc/stat, all processes) over the same window, per 1,000 jobs",
             "own_cpu": "CPU of the workers' sessions and of the database's backends (not the benchmark's) over the "
                        "same window, per 1,000 jobs (/proc/<pid>/stat): what other work on the machine cannot inflate",
+            "database_cpu": "of own_cpu, the database's backends' (the system's workers' sessions are the rest)",
             "enqueue": "N calls, one per job, before any worker starts, in a child process of the system's interpreter",
             "rows": "rows gained by every table of the system's database between before the enqueue and after the "
                     "workers stopped (last round)",
@@ -566,11 +574,12 @@ def main(argv=None) -> int:
         x = summary[s.key]
         rows.append([x["label"], h.fmt(x["jobs_per_s"], ".0f"), " / ".join(f"{v:.0f}" for v in x["jobs_per_s_rounds"]),
                      h.fmt(x["machine_cpu_s_per_1000"], ".2f"), h.fmt(x["own_cpu_s_per_1000"], ".2f"),
-                     h.fmt(x["enqueue_per_s"], ".0f"), x["leaves"]])
+                     h.fmt(x["database_cpu_s_per_1000"], ".2f"), h.fmt(x["enqueue_per_s"], ".0f"), x["leaves"]])
     print()
     print(h.render_table(["system", "jobs/s (median)", "rounds", "machine CPU s per 1,000 jobs",
-                          "its processes' CPU s", "enqueued/s", "what each job leaves (rows per job)"],
-                         rows, right={1, 2, 3, 4, 5}))
+                          "its processes' CPU s", "of which its database's", "enqueued/s",
+                          "what each job leaves (rows per job)"],
+                         rows, right={1, 2, 3, 4, 5, 6}))
     print()
     for g in goals.values():
         print(f"{'PASS' if g['pass'] else 'MISS'}  {g['goal']}: {g['value']:.2f}x")
