@@ -97,8 +97,7 @@ _SLOT_COLUMNS = ("account_id, queue, day, job, ref, status, lease_expires_at, cr
 # joins the line (`h`): behind the account's held work, or, every worker being busy, to be taken by
 # a busy worker's loop in the fair order instead of waiting in the broker's first-in-first-out; its
 # deferral counted on the day's usage row (`c`; without that row yet, the lock decides). Returns
-# (the slot's id, whether it was held, whether it waits behind the account's line), no row when
-# the lock must decide. Reads the account's Budget, usage row, slots and Backlog row, and the
+# the slot's id (NULL: held), no row when the lock must decide. Reads the account's Budget, usage row, slots and Backlog row, and the
 # queue's dispatched slots (index reservation_dispatched).
 DISPATCH_OR_HOLD = f"""
 WITH a AS (
@@ -120,8 +119,7 @@ w AS (SELECT a.in_line FROM a WHERE (a.in_line OR a.busy) AND a.usage_id IS NOT 
 h AS ({sql.hold_in_line(source='w', reason=f"CASE WHEN w.in_line THEN '{QUEUED_BEHIND}' ELSE '{WORKERS_BUSY}' END")}),
 c AS (UPDATE {U} SET deferrals = deferrals + 1 WHERE id = (SELECT usage_id FROM a) AND EXISTS (SELECT 1 FROM h)
       RETURNING 1)
-SELECT (SELECT id FROM d), EXISTS (SELECT 1 FROM h), (SELECT in_line FROM w), (SELECT COUNT(*) FROM c)
- WHERE EXISTS (SELECT 1 FROM d) OR EXISTS (SELECT 1 FROM h)"""
+SELECT (SELECT id FROM d) WHERE EXISTS (SELECT 1 FROM d) OR EXISTS (SELECT 1 FROM h)"""
 
 # The admission's common case without taking the lock first (a job sent with a slot of its own,
 # its account below its cap on running jobs with a step left): it writes the account's Budget row
