@@ -23,7 +23,7 @@ from budgets import clock
 from budgets.admission import hold_and_wake
 from budgets.handoff import release
 from budgets.ledger import ledger
-from budgets.ledger.portable import IN_FLIGHT
+from budgets.ledger.order import IN_FLIGHT
 from budgets.locks import lock
 from budgets.models import Reservation, ReservationStatus
 from scheduling import holding
