@@ -103,6 +103,25 @@ CREATE TRIGGER scheduling_backlog_recount AFTER UPDATE OF account_id, queue, in_
     def create(self, schema_editor) -> None:
         _run(schema_editor, self.postgresql(), self.sqlite())
 
+    def created(self, apps, schema_editor) -> None:
+        """`create`, as a migration's RunPython function."""
+        self.create(schema_editor)
+
+
+def dropped(apps, schema_editor) -> None:
+    """`drop`, as a migration's RunPython function."""
+    drop(schema_editor)
+
+
+def rewritten(before: Triggers, after: Triggers, *operations) -> list:
+    """A migration's operations that change what the triggers count (a new reason's Backlog
+    column): the triggers dropped before them and created again after them with `after`'s reasons
+    (backwards: dropped, the operations undone, created with `before`'s). On SQLite adding a column
+    rebuilds the table, which triggers naming it would not survive."""
+    from django.db import migrations
+
+    return [migrations.RunPython(dropped, before.created), *operations, migrations.RunPython(after.created, dropped)]
+
 
 POSTGRESQL_DROP = """
 DROP TRIGGER scheduling_backlog_recount ON scheduling_deferredtask;
