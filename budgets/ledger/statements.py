@@ -5,7 +5,7 @@ shift), the slots' own times (`created_at`, leases) are the wall clock's.
 Each rule is one function here, used by every statement that needs it; the kernel's tables come
 in through scheduling.sql and scheduling.services (`task_run_*_sql`), never written here. Above
 each statement: what it reads as held jobs, accounts and history grow (tests EXPLAIN them on large
-tables: tests/budgets/test_statement_cost.py).
+tables: tests/scheduling/test_held_work_cost.py).
 """
 from budgets.models import Budget, Reservation, ReservationStatus, UsageDay
 from scheduling import sql

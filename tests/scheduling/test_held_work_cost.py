@@ -128,7 +128,10 @@ def holding_area():
 
 
 def test_each_question_about_held_work_reads_a_bounded_number_of_rows(holding_area):
-    now, capped = holding_area["now"], holding_area["capped"]
+    now, capped, light = holding_area["now"], holding_area["capped"], holding_area["light"]
+    UsageDay.objects.create(account=light, queue="default", day=budget_clock.budget_day())
+    # The capped account's slot counts as a message waiting for a worker, its job probed by key.
+    broker = {"queue": "default", "broker_since": now + dt.timedelta(minutes=1), "broker_forgets": now - dt.timedelta(minutes=1)}
     claim = {"account_id": capped.pk, "queue": "default", "worker": "w", "now": now,
              "claim_expires_at": now + dt.timedelta(seconds=30)}
     checks = {
@@ -145,15 +148,18 @@ def test_each_question_about_held_work_reads_a_bounded_number_of_rows(holding_ar
         # An account's standing (every admission under the lock, every hand-off and release).
         "standing": (s.STANDING, {"account_id": capped.pk, "queue": "default", "day": budget_clock.budget_day(),
                                   "job": "", "ref": "", "claimant": None, "now": now, "wall_now": now}),
-        # The enqueue check's common case: the account's line says "queued behind" (it holds the job).
-        "enqueue check": (s.DISPATCH_OR_HOLD, {"account_id": capped.pk, "queue": "default",
-                                               "day": budget_clock.budget_day(), "job": "tests.noop", "ref": "new",
-                                               "priority": 0, "lease": now, "created_at": now, "now": now,
-                                               "broker_since": now, "broker_forgets": now - dt.timedelta(minutes=1)}),
+        # "Is a job sent to the broker waiting for a worker" (every enqueue, pass-on and release).
+        "broker's question": ("SELECT " + s.broker_waiting(), broker),
+        # The enqueue check's common case for an account with a free slot and a job in line: the
+        # new job joins the line behind it, while a job waits in the broker.
+        "enqueue check": (s.DISPATCH_OR_HOLD, {**broker, "account_id": light.pk, "day": budget_clock.budget_day(),
+                                               "job": "tests.noop", "ref": "new", "priority": 0, "lease": now,
+                                               "created_at": now, "now": now}),
     }
     for name, (statement, params) in checks.items():
         for plan, read in (("custom", rows_read(statement, params)), ("generic", generic_rows_read(statement, params))):
             assert sum(read.values()) <= 10, (name, plan, read)
+    assert DeferredTask.objects.get(ref="new").reason == DeferReason.QUEUED_BEHIND  # the enqueue check held it
 
     # The due scan (the pulse's, every second): 1,000 retries wait for their own time, none due.
     due = DeferredTask.objects.filter(in_line_since__isnull=True, message__isnull=True, eligible_at__lte=now)
