@@ -27,6 +27,7 @@ try:
     import psycopg
     from django.db.backends.postgresql.base import CursorDebugWrapper
     from django.db.backends.postgresql.psycopg_any import register_tzloader
+    from psycopg import _queries
     from psycopg.pq import Format
 except ImportError:  # pragma: no cover - SQLite-only installations
     psycopg = None
@@ -36,19 +37,11 @@ if psycopg is not None:
     _TIMESTAMPTZ_OID = psycopg.adapters.types["timestamptz"].oid
     _NEVER_AUTOMATICALLY = 2**31 - 1
 
-    try:  # psycopg's query conversion (private: checked below, and left alone when it changed)
-        from psycopg import _queries
-        _convert_named = _queries._query2pg_nocache
-        _QueryBase = _queries.PostgresQuery
-    except (ImportError, AttributeError):  # pragma: no cover - a psycopg whose internals moved
-        _QueryBase = None
-
-if psycopg is not None and _QueryBase is not None and hasattr(_QueryBase, "_ensure_bytes"):
     @functools.lru_cache(maxsize=128)
     def _converted(query: bytes, encoding: str):
-        return _convert_named(query, encoding)
+        return _queries._query2pg_nocache(query, encoding)
 
-    class _CachedQuery(_QueryBase):
+    class _CachedQuery(_queries.PostgresQuery):
         """psycopg turns a statement's named placeholders into PostgreSQL's `$n` on every execute,
         and caches that only for statements up to 4,096 bytes (ORMs generate long statements of
         ever new shapes). These are a few fixed ones, the settlement's pass-on about 8 KB, whose
@@ -61,15 +54,15 @@ if psycopg is not None and _QueryBase is not None and hasattr(_QueryBase, "_ensu
             self.query, self._want_formats, self._order, self._parts = _converted(
                 self._ensure_bytes(query), self._tx.encoding)
             self.dump(vars)
-else:  # pragma: no cover
-    _CachedQuery = None
 
-if psycopg is not None:
+    # psycopg's conversion is private: where a release changed it, its own (uncached) is used.
+    _CACHEABLE = hasattr(_queries, "_query2pg_nocache") and hasattr(_queries.PostgresQuery, "_ensure_bytes")
+
     class _PreparedCursor(psycopg.Cursor):
         """A server-side binding cursor that prepares every statement it runs (its conversion of
         named placeholders cached: `_CachedQuery`)."""
 
-        if _CachedQuery is not None:
+        if _CACHEABLE:
             _query_cls = _CachedQuery
 
         def execute(self, query, params=None, *, prepare=None, binary=None):
