@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from django.conf import settings
 from django.db import connections
 
+from budgets import standing
 from budgets.limits import RunBudget
 from budgets.running import reservation_grow, reservation_renew, retake_slot
 from budgets.settlement import release_if_in_line
@@ -74,7 +75,10 @@ class Watcher(threading.Thread):
 
     @contextlib.contextmanager
     def watching(self, slot_id: int, budget: RunBudget, *, interrupt_main: bool) -> Iterator[None]:
-        renew_at = time.monotonic() + settings.FAIRSHARE["RESERVATION_HEARTBEAT_S"]
+        # The first renewal comes well before a claim's lease could end: a job admitted ahead starts
+        # on it (budgets.ledger `start_admitted` leaves the slot's lease as the claim set it).
+        first_renewal_s = min(settings.FAIRSHARE["RESERVATION_HEARTBEAT_S"], standing.claim_lease_s() / 4)
+        renew_at = time.monotonic() + first_renewal_s
         with self._lock:
             self._run = _Watched(slot_id, budget, interrupt_main, next_renew=renew_at)
         budget.refill = self.refill

@@ -8,7 +8,7 @@ moves it between them:
         | claim_for / claim_and_admit (hand-off, pull)      | dispatch / dispatch_or_hold (enqueue)
         v                                                   v
     DISPATCHED on a claim's lease ── activate ──>  ACTIVE  <── activate (admission) ── DISPATCHED
-    ACTIVE on a claim's lease ── start_admitted ──>  ACTIVE (running)
+    ACTIVE on a claim's lease ── start_admitted ──>  ACTIVE (running; the watcher renews its lease)
     ACTIVE ── charge (settlement; may pass the slot on: a new ACTIVE one for the next held job) ──> (deleted)
     ACTIVE ── reclaim (lease expired: charged what it reported) ──> RECLAIMED ── charge of the rest ──> (deleted)
     RECLAIMED ── revive (its worker was only frozen, and a slot is free) ──> ACTIVE

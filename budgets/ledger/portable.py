@@ -166,12 +166,12 @@ class Ledger(AccountReads):
 
     def start_admitted(self, *, slot_id: int, envelope: Envelope, worker: str) -> bool:
         """ACTIVE on a claim's lease -> ACTIVE (running): the job admitted ahead starts; its claim
-        completes, if its slot is still there. False when either is gone (the slot reclaimed, or the
-        job held again, which voids a claim): it must not run."""
+        completes, if its slot is still there (locked, not written: the claim's lease runs until the
+        run's watcher renews it, well before it ends: budgets.watcher). False when either is gone
+        (the slot reclaimed, or the job held again, which voids a claim): it must not run."""
         with transaction.atomic():
-            renewed = Reservation.objects.filter(pk=slot_id, status=ReservationStatus.ACTIVE).update(
-                lease_expires_at=standing.run_lease_expiry())
-            return bool(renewed) and holding.complete_claim(job=envelope.job, ref=envelope.ref, worker=worker)
+            there = Reservation.objects.select_for_update().filter(pk=slot_id, status=ReservationStatus.ACTIVE).exists()
+            return there and holding.complete_claim(job=envelope.job, ref=envelope.ref, worker=worker)
 
     def unadmit(self, *, slot_id: int, account_id: int, queue: str,
                 expired_before: dt.datetime | None = None) -> int | None:

@@ -187,8 +187,8 @@ class Ledger(portable.Ledger):
                        reserved_ms=reserve_ms, usage_id=usage_id)
 
     def start_admitted(self, *, slot_id: int, envelope: Envelope, worker: str) -> bool:
-        return _one(s.START_ADMITTED, {"slot_id": slot_id, "lease": standing.run_lease_expiry(), "job": envelope.job,
-                                       "ref": envelope.ref, "worker": worker}) is not None
+        return _one(s.START_ADMITTED, {"slot_id": slot_id, "job": envelope.job, "ref": envelope.ref,
+                                       "worker": worker}) is not None
 
     def reserve_if_left(self, *, slot_id: int, usage_id: int, ms: int) -> bool:
         return _one(s.RESERVE_IF_LEFT, {"slot_id": slot_id, "usage_id": usage_id, "ms": ms}) is not None

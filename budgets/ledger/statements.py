@@ -40,7 +40,7 @@ def running(*, account: str, queue: str, but: str = "NULL") -> str:
 def broker_waiting() -> str:
     """"A job sent to the broker on the queue waits for a worker": a dispatched slot sent within
     budgets.ledger.order.broker_window whose job is not held (a claimed job's slot is not one).
-    Reads the queue's dispatched slots sent in that window (index reservation_dispatched).
+    Reads the queue's dispatched slots sent in that window (index reservation_age).
     Parameters: queue, broker_since, broker_forgets."""
     return (f"EXISTS (SELECT 1 FROM {R} w WHERE w.queue = %(queue)s AND w.status = {DISPATCHED} "
             "AND w.created_at < %(broker_since)s AND w.created_at > %(broker_forgets)s "
@@ -98,7 +98,7 @@ _SLOT_COLUMNS = ("account_id, queue, day, job, ref, status, lease_expires_at, cr
 # a busy worker's loop in the fair order instead of waiting in the broker's first-in-first-out; its
 # deferral counted on the day's usage row (`c`; without that row yet, the lock decides). Returns
 # the slot's id (NULL: held), no row when the lock must decide. Reads the account's Budget, usage row, slots and Backlog row, and the
-# queue's dispatched slots (index reservation_dispatched).
+# queue's dispatched slots (index reservation_age).
 DISPATCH_OR_HOLD = f"""
 WITH a AS (
   SELECT b.account_id, u.id AS usage_id, {sql.in_line(account='b.account_id', queue='b.queue')} AS in_line,
@@ -249,10 +249,12 @@ CLAIM_FOR = (
     f"c.ref, {DISPATCHED}, %(slot_lease)s::timestamptz, %(created_at)s::timestamptz, '', 0, 0, 0, NULL FROM c "
     "RETURNING job, ref, id, (SELECT priority FROM c)")
 
-# A job admitted ahead starts: its slot's lease becomes a running one's and its claim completes,
-# the latter only if the slot is still there. Two rows by key.
-START_ADMITTED = (f"WITH s AS (UPDATE {R} SET lease_expires_at = %(lease)s WHERE id = %(slot_id)s "
-                  f"AND status = {ACTIVE} RETURNING id) {sql.complete_claim(only_if='EXISTS (SELECT 1 FROM s)')}")
+# A job admitted ahead starts: its claim completes if its slot is still there, the slot's row
+# locked (not written: its claim's lease runs until the run's watcher renews it, well before the
+# lease ends: budgets.watcher) so that a reclaim taking it at the same moment goes first or finds it
+# started. Two rows by key.
+START_ADMITTED = (f"WITH s AS (SELECT id FROM {R} WHERE id = %(slot_id)s AND status = {ACTIVE} FOR NO KEY UPDATE) "
+                  f"{sql.complete_claim(only_if='EXISTS (SELECT 1 FROM s)')}")
 
 # `ms` more for a slot admitted ahead, when its account has that much left unreserved (checked on
 # the usage row's latest version: two of these never reserve the same budget twice). Rows by key.

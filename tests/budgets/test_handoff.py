@@ -75,6 +75,28 @@ def test_a_capped_accounts_backlog_runs_through_hand_offs_one_at_a_time_in_order
     assert_ran_once_within_cap_in_order(account, refs, cap=1)
 
 
+@pytest.mark.ledger("postgresql", "portable")
+def test_a_run_admitted_ahead_outlives_its_claims_lease(account, start_cluster):
+    """A job admitted ahead starts on its claim's lease (its start writes nothing to its slot): its
+    run, longer than that lease, keeps its slot, because its watcher renews the lease before it
+    could end. With the reclaim looking all along, nothing is reclaimed and each runs once."""
+    give_budget(account, cpu_seconds=1000, max_concurrent=1)
+    cluster = start_cluster("default", FAIRSHARE_WORKERS="1", FAIRSHARE_HANDOFF_CLAIM_LEASE_S="2")
+    refs = [f"3000/{i}" for i in range(3)]  # 3 s each; the second and third are handed their slot
+    for ref in refs:
+        enqueue(job="tests.sleep", account=account.pk, ref=ref)
+
+    reclaimed = []
+
+    def done():
+        reclaimed.append(reclaim_expired())
+        return runs_of(account, outcome=Outcome.SUCCEEDED).count() >= len(refs) and drained(account)
+    wait(done, timeout=60, interval=0.5, what="the runs to finish", clusters=[cluster])
+    assert sum(reclaimed) == 0
+    assert_ran_once_within_cap_in_order(account, refs, cap=1)
+    assert runs_of(account, outcome=Outcome.LOST).count() == 0
+
+
 @pytest.mark.ledger("postgresql", "portable")  # the portable ledger with real workers too
 def test_free_workers_pull_other_accounts_held_work_without_exceeding_any_cap(start_cluster):
     wide, narrow, single = AccountFactory(slug="wide"), AccountFactory(slug="narrow"), AccountFactory(slug="single")
