@@ -30,7 +30,9 @@ the time from that poll to the first poll that saw none left (worker start-up is
 Machine CPU seconds per 1,000 jobs: /proc/stat's busy time over the same window (every process:
 workers, PostgreSQL, this benchmark's polling), as bench/harness.py measures it; beside it the
 CPU of the system's own processes over the window (its workers' sessions and its database's
-backends, from /proc/<pid>/stat), which other work on a shared machine cannot inflate. What each job
+backends, from /proc/<pid>/stat), which other work on a shared machine cannot inflate, and the
+write-ahead log the server wrote over the window per job (what the database writes for each job:
+the same whatever the load). What each job
 leaves: the rows in every table of the database after the workers stopped, minus those before
 the enqueue. Rounds rotate the order of the systems; medians over rounds.
 
@@ -409,7 +411,9 @@ def measure(system: System, n: int, db_name: str, template: str, log_dir: Path, 
                 if first is None and left < n:
                     first = (now, left, cpu)
                     own_first, _ = own_cpu_ticks(procs, conn)
+                    wal_first = count("SELECT pg_current_wal_lsn()")
                 if left == 0:
+                    wal_bytes = count(f"SELECT pg_wal_lsn_diff(pg_current_wal_lsn(), '{wal_first}')")
                     own_last, backends = own_cpu_ticks(procs, conn)
                     own = own_cpu_seconds(own_first, own_last)
                     own_db = own_cpu_seconds(own_first, own_last, only=backends)
@@ -438,6 +442,7 @@ def measure(system: System, n: int, db_name: str, template: str, log_dir: Path, 
         "machine_cpu_s_per_1000": None if cpu is None else (cpu - cpu_first) * 1000 / left_at_first,
         "own_cpu_s_per_1000": own * 1000 / left_at_first,
         "database_cpu_s_per_1000": own_db * 1000 / left_at_first,
+        "wal_bytes_per_job": float(wal_bytes) / left_at_first,
         "rows_left": {t: d for t, d in rows.items() if d},
         "loadavg_1m_at_start": load,
     }
@@ -513,7 +518,8 @@ def main(argv=None) -> int:
                         args.timeout)
             result[s.key] = x
             h.log(f"round {r + 1}: {s.key:18s} {x['jobs_per_s']:7.1f} jobs/s, "
-                  f"{h.fmt(x['machine_cpu_s_per_1000'], '.2f')} machine / {x['own_cpu_s_per_1000']:.2f} own CPU s per 1,000 "
+                  f"{h.fmt(x['machine_cpu_s_per_1000'], '.2f')} machine / {x['own_cpu_s_per_1000']:.2f} own / "
+                  f"{x['database_cpu_s_per_1000']:.2f} database CPU s per 1,000, {x['wal_bytes_per_job']:.0f} WAL bytes/job "
                   f"(enqueue {x['enqueue_per_s']:.0f}/s, "
                   f"load {x['loadavg_1m_at_start']:.2f})")
         rounds.append(result)
@@ -529,6 +535,7 @@ def main(argv=None) -> int:
             "machine_cpu_s_per_1000": h.median(cpus) if cpus else None,
             "own_cpu_s_per_1000": h.median([x["own_cpu_s_per_1000"] for x in xs]),
             "database_cpu_s_per_1000": h.median([x["database_cpu_s_per_1000"] for x in xs]),
+            "wal_bytes_per_job": h.median([x["wal_bytes_per_job"] for x in xs]),
             "enqueue_per_s": h.median([x["enqueue_per_s"] for x in xs]),
             "rows_left_per_job": {t: d / args.jobs for t, d in xs[-1]["rows_left"].items()},
             "leaves": leaves_text(xs[-1]["rows_left"], args.jobs),
@@ -558,6 +565,8 @@ def main(argv=None) -> int:
             "own_cpu": "CPU of the workers' sessions and of the database's backends (not the benchmark's) over the "
                        "same window, per 1,000 jobs (/proc/<pid>/stat): what other work on the machine cannot inflate",
             "database_cpu": "of own_cpu, the database's backends' (the system's workers' sessions are the rest)",
+            "wal": "bytes of write-ahead log the server wrote over the same window (pg_current_wal_lsn), per job: "
+                   "what the database writes for each, which machine load does not move",
             "enqueue": "N calls, one per job, before any worker starts, in a child process of the system's interpreter",
             "rows": "rows gained by every table of the system's database between before the enqueue and after the "
                     "workers stopped (last round)",
@@ -574,12 +583,13 @@ def main(argv=None) -> int:
         x = summary[s.key]
         rows.append([x["label"], h.fmt(x["jobs_per_s"], ".0f"), " / ".join(f"{v:.0f}" for v in x["jobs_per_s_rounds"]),
                      h.fmt(x["machine_cpu_s_per_1000"], ".2f"), h.fmt(x["own_cpu_s_per_1000"], ".2f"),
-                     h.fmt(x["database_cpu_s_per_1000"], ".2f"), h.fmt(x["enqueue_per_s"], ".0f"), x["leaves"]])
+                     h.fmt(x["database_cpu_s_per_1000"], ".2f"), h.fmt(x["wal_bytes_per_job"], ".0f"),
+                     h.fmt(x["enqueue_per_s"], ".0f"), x["leaves"]])
     print()
     print(h.render_table(["system", "jobs/s (median)", "rounds", "machine CPU s per 1,000 jobs",
-                          "its processes' CPU s", "of which its database's", "enqueued/s",
+                          "its processes' CPU s", "of which its database's", "WAL bytes per job", "enqueued/s",
                           "what each job leaves (rows per job)"],
-                         rows, right={1, 2, 3, 4, 5, 6}))
+                         rows, right={1, 2, 3, 4, 5, 6, 7}))
     print()
     for g in goals.values():
         print(f"{'PASS' if g['pass'] else 'MISS'}  {g['goal']}: {g['value']:.2f}x")
