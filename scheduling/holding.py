@@ -170,7 +170,7 @@ def ready() -> Q:
     """Backlog rows of accounts whose line could go now: something in line, not held up (a line
     whose time came is let go by the pulse's next tick: `let_go_due`). (Paused accounts are for
     the caller to leave out: scheduling.pausing.)"""
-    return Q(in_line__gt=0, blocked_until=NOT_BLOCKED)
+    return Q(lined=True, blocked_until=NOT_BLOCKED)
 
 
 def in_line(*, account_id: int, queue: str) -> bool:

@@ -208,13 +208,20 @@ class Backlog(models.Model):
     needs_newer_worker = models.PositiveIntegerField(default=0)
     rate_limited = models.PositiveIntegerField(default=0)
     workers_busy = models.PositiveIntegerField(default=0)
+    # Whether anything is in line (`in_line > 0`), kept by the database: what backlog_ready is
+    # partial on. The triggers change `in_line` with every job held or let go; an index whose
+    # condition named `in_line` would make each of those updates write a new entry in every
+    # index of this (hot) row, while one on `lined` lets them stay on the row's page (HOT) but
+    # when a line starts or empties.
+    lined = models.GeneratedField(expression=models.Q(in_line__gt=0), output_field=models.BooleanField(),
+                                  db_persist=True)
 
     class Meta:
         constraints = [models.UniqueConstraint(fields=["account", "queue"], name="backlog_unique_account_queue")]
         # Accounts with work in line on a queue, by when they may run: "which could run now" reads
         # the ones not held up and no other; the pulse's let-go only the lines whose time came.
         indexes = [models.Index(fields=["queue", "blocked_until"], name="backlog_ready",
-                                condition=models.Q(in_line__gt=0)),
+                                condition=models.Q(lined=True)),
                    models.Index(fields=["blocked_until"], name="backlog_held_up",
                                 condition=models.Q(blocked_until__gt=NOT_BLOCKED))]
 

@@ -56,7 +56,7 @@ def held_metrics():
         held.add_metric([queue, reason], n)
     head = (DeferredTask.objects.filter(account_id=OuterRef("account_id"), queue=OuterRef("queue"),
                                         in_line_since__isnull=False).order_by(*LINE_ORDER).values("in_line_since")[:1])
-    oldest = Backlog.objects.filter(in_line__gt=0).annotate(head=Subquery(head)).aggregate(t=Min("head"))["t"]
+    oldest = Backlog.objects.filter(lined=True).annotate(head=Subquery(head)).aggregate(t=Min("head"))["t"]
     yield held
     yield GaugeMetricFamily("fairshare_held_oldest_age_seconds",
                             "How long the first job of the account line that has waited longest has been in line",

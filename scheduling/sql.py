@@ -89,14 +89,14 @@ SELECT k.account_id,
          WHERE d.account_id = k.account_id AND d.queue = k.queue AND d.in_line_since IS NOT NULL
          ORDER BY d.priority DESC, d.in_line_since, d.id LIMIT 1) AS head_since
   FROM {_BACKLOG} k
- WHERE k.queue = %(queue)s AND k.in_line > 0 AND k.blocked_until = {_NOT_BLOCKED}
+ WHERE k.queue = %(queue)s AND k.lined AND k.blocked_until = {_NOT_BLOCKED}
    AND NOT {paused(account="k.account_id", queue="k.queue")}"""
 
 
 def any_ready() -> str:
     """Whether any account's line on a queue could go now (pause aside: a paused account's line
     makes a free worker look, and find nothing). Parameters: queue."""
-    return (f"EXISTS (SELECT 1 FROM {_BACKLOG} k WHERE k.queue = %(queue)s AND k.in_line > 0 "
+    return (f"EXISTS (SELECT 1 FROM {_BACKLOG} k WHERE k.queue = %(queue)s AND k.lined "
             f"AND k.blocked_until = {_NOT_BLOCKED})")
 
 
