@@ -28,6 +28,7 @@ from django.db import transaction
 
 from budgets import clock, standing
 from budgets.ledger import Claimed, ledger
+from budgets.ledger.order import let_go
 from budgets.locks import locked_standing
 from budgets.standing import Standing
 from scheduling import holding
@@ -55,7 +56,7 @@ def release(*, account_id: int, queue: str, state: Standing, day: dt.date, limit
         return 0
     if not for_idle_worker and ledger().broker_waiting(queue=queue):
         return 0
-    released = holding.release_first(account_id=account_id, queue=queue, limit=n)
+    released = holding.release_first(account_id=account_id, queue=queue, limit=n, let_go=let_go())
     ledger().dispatch_many(envelopes=[Envelope(job=held.job, account=account_id, ref=held.ref, priority=held.priority)
                                       for held in released], queue=queue, day=day)
     return len(released)

@@ -188,13 +188,15 @@ def any_ready(*, queue: str) -> bool:
     return Backlog.objects.filter(ready(), queue=queue).exists()
 
 
-def claim(*, account_id: int, queue: str, worker: str, lease_s: float) -> DeferredTask | None:
+def claim(*, account_id: int, queue: str, worker: str, lease_s: float, let_go: Q | None = None) -> DeferredTask | None:
     """Claim the first job of the account's line for `worker`, which runs it itself (SKIP LOCKED:
     two workers never claim the same job, and neither waits for the other). The caller decides,
-    under the account's lock, that a slot is there for it."""
+    under the account's lock, that a slot is there for it. `let_go`: the caller's condition on a
+    held job for taking it over once its claim expired (budgets': the claim's slot was given back,
+    so its claimant cannot have started it)."""
     now = clock.now()
     first = (DeferredTask.objects.select_for_update(skip_locked=True)
-             .filter(claimable(now), account_id=account_id, queue=queue).order_by(*LINE_ORDER).first())
+             .filter(claimable(now), let_go or Q(), account_id=account_id, queue=queue).order_by(*LINE_ORDER).first())
     if first is None:
         return None
     first.claimed_by, first.claim_expires_at = worker, now + dt.timedelta(seconds=lease_s)
@@ -215,8 +217,9 @@ def complete_claim(*, job: str, ref: str, worker: str) -> bool:
     return deleted > 0
 
 
-def release_first(*, account_id: int, queue: str, limit: int) -> list[DeferredTask]:
-    """Ring the doorbell again for the first `limit` jobs of the account's line; returns them.
+def release_first(*, account_id: int, queue: str, limit: int, let_go: Q | None = None) -> list[DeferredTask]:
+    """Ring the doorbell again for the first `limit` jobs of the account's line; returns them
+    (`let_go` as for `claim`).
 
     Call it inside a transaction: the rows are locked (SKIP LOCKED, so concurrent callers take
     different ones) and sent once the caller commits.
@@ -224,7 +227,7 @@ def release_first(*, account_id: int, queue: str, limit: int) -> list[DeferredTa
     if limit <= 0:
         return []
     first = list(DeferredTask.objects.select_for_update(skip_locked=True)
-                 .filter(claimable(clock.now()), account_id=account_id, queue=queue).order_by(*LINE_ORDER)[:limit])
+                 .filter(claimable(clock.now()), let_go or Q(), account_id=account_id, queue=queue).order_by(*LINE_ORDER)[:limit])
     _send_back(first)
     return first
 

@@ -22,16 +22,19 @@ _RUNS = TaskRun._meta.db_table
 _NOT_BLOCKED = f"'{NOT_BLOCKED.isoformat()}'::timestamptz"
 
 
-def claim(*, only_if: str = "TRUE") -> str:
+def claim(*, only_if: str = "TRUE", let_go=None) -> str:
     """Claim the first job of an account's line for a worker, when the caller's condition `only_if`
     holds: an UPDATE returning the claimed job's (job, ref, priority), or no row. SKIP LOCKED: two
-    claimants never take the same job and neither waits for the other.
+    claimants never take the same job and neither waits for the other. A job whose claim expired is
+    taken over only where the caller's `let_go(account=, queue=, job=, ref=)` (SQL over the job's
+    columns, given as SQL expressions) says its claimant let it go (holding.claim's `let_go`).
     Parameters: account_id, queue, worker, claim_expires_at, now."""
+    taken_over = "TRUE" if let_go is None else let_go(account="d.account_id", queue="d.queue", job="d.job", ref="d.ref")
     return f"""
 UPDATE {_DEFERRED} SET claimed_by = %(worker)s, claim_expires_at = %(claim_expires_at)s
  WHERE id = (SELECT d.id FROM {_DEFERRED} d
               WHERE d.account_id = %(account_id)s AND d.queue = %(queue)s AND d.in_line_since IS NOT NULL
-                AND (d.claim_expires_at IS NULL OR d.claim_expires_at < %(now)s) AND ({only_if})
+                AND (d.claim_expires_at IS NULL OR (d.claim_expires_at < %(now)s AND {taken_over})) AND ({only_if})
               ORDER BY d.priority DESC, d.in_line_since, d.id LIMIT 1 FOR UPDATE SKIP LOCKED)
 RETURNING job, ref, priority"""
 

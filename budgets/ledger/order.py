@@ -8,7 +8,7 @@ first held job; `broker_waiting` the slots sent more than a moment ago (index re
 """
 import datetime as dt
 
-from django.db.models import Count, Exists, ExpressionWrapper, F, FloatField, IntegerField, OuterRef, Subquery, Value
+from django.db.models import Count, Exists, ExpressionWrapper, F, FloatField, IntegerField, OuterRef, Q, Subquery, Value
 from django.db.models.functions import Coalesce
 from django.utils import timezone
 
@@ -37,6 +37,14 @@ def broker_window() -> tuple[dt.datetime, dt.datetime]:
     worker": after the first, before the second."""
     now = timezone.now()
     return now - dt.timedelta(seconds=BROKER_WAIT_FORGET_S), now - dt.timedelta(seconds=BROKER_WAIT_YIELD_S)
+
+
+def let_go() -> Q:
+    """Held jobs a claim or a release may take over once their claim expired: those whose claim's
+    slot was given back (statements.let_go says why; its SQL form)."""
+    slot = Reservation.objects.filter(account_id=OuterRef("account_id"), queue=OuterRef("queue"), status__in=IN_FLIGHT,
+                                      job=OuterRef("job"), ref=OuterRef("ref"))
+    return Q(claim_expires_at__isnull=True) | ~Exists(slot)
 
 
 class Ready(NamedTuple):

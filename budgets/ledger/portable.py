@@ -17,7 +17,7 @@ from django.utils import timezone
 
 from budgets import standing
 from budgets.ledger import AdmittedAtOnce, Charged, Claimed, PassOn
-from budgets.ledger.order import IN_FLIGHT
+from budgets.ledger.order import IN_FLIGHT, let_go
 from budgets.ledger.reads import AccountReads
 from budgets.models import Budget, Reservation, ReservationStatus, UsageDay
 from budgets.standing import Standing
@@ -140,7 +140,8 @@ class Ledger(AccountReads):
         Under the account's lock."""
         if yield_to_broker and self.broker_waiting(queue=queue):
             return None
-        held = holding.claim(account_id=account_id, queue=queue, worker=worker, lease_s=standing.claim_lease_s())
+        held = holding.claim(account_id=account_id, queue=queue, worker=worker, lease_s=standing.claim_lease_s(),
+                             let_go=let_go())
         if held is None:
             return None
         envelope = Envelope(job=held.job, account=account_id, ref=held.ref, priority=held.priority)
@@ -154,7 +155,7 @@ class Ledger(AccountReads):
         if yield_to_broker and self.broker_waiting(queue=queue):
             return None
         lease_s = standing.claim_lease_s()
-        held = holding.claim(account_id=account_id, queue=queue, worker=worker, lease_s=lease_s)
+        held = holding.claim(account_id=account_id, queue=queue, worker=worker, lease_s=lease_s, let_go=let_go())
         if held is None:
             return None
         envelope = Envelope(job=held.job, account=account_id, ref=held.ref, priority=held.priority)

@@ -162,7 +162,7 @@ class Ledger(portable.Ledger):
 
     def claim_for(self, *, account_id: int, queue: str, day: dt.date, worker: str,
                   yield_to_broker: bool) -> Claimed | None:
-        claim = sql.claim(only_if=f"NOT {s.broker_waiting()}" if yield_to_broker else "TRUE")
+        claim = s.claim(only_if=f"NOT {s.broker_waiting()}" if yield_to_broker else "TRUE")
         row = _one(s.CLAIM_FOR.format(claim=claim),
                    self._claim_params(account_id=account_id, queue=queue, day=day, worker=worker))
         if row is None:
@@ -172,7 +172,7 @@ class Ledger(portable.Ledger):
 
     def claim_and_admit(self, *, account_id: int, queue: str, state: Standing, day: dt.date, worker: str,
                         reserve_ms: int, yield_to_broker: bool) -> Claimed | None:
-        claim = sql.claim(only_if=f"NOT {s.broker_waiting()}" if yield_to_broker else "TRUE")
+        claim = s.claim(only_if=f"NOT {s.broker_waiting()}" if yield_to_broker else "TRUE")
         run = TaskRun(account_id=account_id, queue=queue, worker=worker)
         new_run_sql, new_run_params = task_run_insert_sql(run, source="c", taken={"job": "c.job", "ref": "c.ref"})
         usage_id = self.usage_id(state, account_id=account_id, queue=queue, day=day)

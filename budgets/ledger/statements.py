@@ -47,6 +47,21 @@ def broker_waiting() -> str:
             f"AND NOT {sql.is_held(job='w.job', ref='w.ref')})")
 
 
+def let_go(*, account: str, queue: str, job: str, ref: str) -> str:
+    """"Its claimant let the job go" (a held job whose claim expired, given by SQL expressions): no
+    slot taken for it is still there. Until the reclaim gives the claim's slot back, its claimant
+    may have started the run (a start writes nothing to the slot), and whoever took it over would
+    run it a second time, its first run then taken for lost. One probe of index reservation_slots.
+    (order.let_go is the ORM's form.)"""
+    return (f"NOT EXISTS (SELECT 1 FROM {R} c WHERE c.account_id = {account} AND c.queue = {queue} "
+            f"AND c.status IN ({DISPATCHED}, {ACTIVE}) AND c.job = {job} AND c.ref = {ref})")
+
+
+def claim(*, only_if: str = "TRUE") -> str:
+    """The kernel's claim (scheduling.sql.claim), taking over an expired claim only once `let_go`."""
+    return sql.claim(only_if=only_if, let_go=let_go)
+
+
 def others_ready() -> str:
     """"Another account's turn comes first": one whose line on the queue could go (Backlog, index
     backlog_ready: in line, not held up, not paused), below its cap, with fewer slots in use for its
@@ -221,7 +236,7 @@ PASS_ON_IF = f"""EXISTS (SELECT 1 FROM r WHERE r.status = {ACTIVE} AND r.day = %
 # so nothing it does can pass a cap an admission under the lock checked. Reads as SETTLE, plus the
 # first unclaimed rows of the account's line (index deferred_line) and the queue's dispatched slots.
 SETTLE_AND_PASS_ON = (
-    f"WITH r AS ({DELETE_SLOT}), h AS ({sql.claim(only_if=PASS_ON_IF)}), "
+    f"WITH r AS ({DELETE_SLOT}), h AS ({claim(only_if=PASS_ON_IF)}), "
     f"c AS ({charge(kept=f'CASE WHEN EXISTS (SELECT 1 FROM h) THEN {KEPT} ELSE 0 END')}), "
     "t AS ({run_end}), s AS ({new_run}), "
     f"n AS (INSERT INTO {R} ({_SLOT_COLUMNS}) SELECT %(account_id)s::bigint, %(queue)s::varchar, r.day, h.job, "

@@ -116,6 +116,31 @@ def test_a_claimant_that_lost_its_claim_does_not_run_the_job(account):
     assert run(account, "0/1").admitted  # the copy that was sent runs it, once
 
 
+def test_an_expired_claim_is_taken_over_only_once_the_reclaim_gave_its_slot_back(account):
+    """Its claimant may have started the run (a start writes nothing to the slot): until the
+    reclaim decides, with the account's lock, neither a pull nor a release takes the job over, so
+    no run is taken for lost that never started and nothing runs twice."""
+    budget(account, cap=1)
+    enqueue_many(job="tests.noop", work=[(account.pk, f"0/{i}") for i in range(2)])
+    first = run(account, "0/0")
+    handed = settle(slot_id=first.slot_id, account_id=account.pk, queue="default", meter=meter(5),
+                    hand_to="w1").handed_to
+    # w1 dies before starting it: its claim and its slot expire together; a slot is free beside it.
+    Budget.objects.update(max_concurrent=2)
+    DeferredTask.objects.update(claim_expires_at=clock.now() - dt.timedelta(seconds=1))
+    Reservation.objects.update(lease_expires_at=timezone.now() - dt.timedelta(seconds=1))
+
+    assert pull(queue="default", worker="w2") is None
+    assert release_due() == 0
+    assert DeferredTask.objects.get().claimed_by == "w1"
+
+    assert reclaim_expired() == 1  # undone, and the job released into the freed slot
+    assert TaskRun.objects.get(pk=handed.run.pk).outcome == Outcome.SKIPPED
+    assert not TaskRun.objects.filter(outcome=Outcome.LOST).exists()
+    slot = Reservation.objects.get()
+    assert (slot.ref, slot.status) == ("0/1", ReservationStatus.DISPATCHED)
+
+
 def test_an_expired_claim_is_released_like_any_held_job(account):
     budget(account, cap=1)
     enqueue_many(job="tests.noop", work=[(account.pk, f"0/{i}") for i in range(2)])
