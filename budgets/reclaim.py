@@ -26,7 +26,7 @@ from budgets.ledger import ledger
 from budgets.ledger.order import IN_FLIGHT
 from budgets.locks import lock
 from budgets.models import Reservation, ReservationStatus
-from scheduling import holding
+from scheduling import claims
 from scheduling.envelope import Envelope
 from scheduling.models import DeferReason
 from scheduling.selectors import finished_run_cpu_ms
@@ -64,7 +64,7 @@ def _give_back(slot: Reservation) -> bool:
         hold_and_wake(envelope=Envelope(job=slot.job, account=slot.account_id, ref=slot.ref), queue=slot.queue,
                       reason=DeferReason.MESSAGE_LOST, eligible_at=clock.now())
         return True
-    if holding.claim_held(job=slot.job, ref=slot.ref, worker=slot.worker):
+    if claims.claim_held(job=slot.job, ref=slot.ref, worker=slot.worker):
         # Admitted ahead with its claim, and its worker stopped before it started: undone, its
         # run skipped; the job, whose claim expired with the slot, is released by the caller.
         run_id = ledger().unadmit(slot_id=slot.pk, account_id=slot.account_id, queue=slot.queue,

@@ -11,9 +11,8 @@ The words, each in one sense:
   day: `hold` blocks it; `unblock` when an operator gives it more).
 - release: take held work out of the holding area and send it again; nothing else.
 - claim: a worker takes the first job of a line to run it itself, straight away, without a broker
-  round trip (a hand-off when its account's run settles, a pull when a worker is free); the row
-  stays, marked with the worker and a lease, until that run starts (`complete_claim`). A claim
-  whose lease expired (its worker died) is claimable again.
+  round trip (scheduling.claims); the row stays, marked with the worker and a lease, until that
+  run starts. A claim whose lease expired (its worker died) is claimable again (`claimable`).
 - park: keep a message of a newer envelope version than this process speaks, unchanged, for a
   worker that speaks it; parked messages are never claimed.
 
@@ -188,38 +187,9 @@ def any_ready(*, queue: str) -> bool:
     return Backlog.objects.filter(ready(), queue=queue).exists()
 
 
-def claim(*, account_id: int, queue: str, worker: str, lease_s: float, let_go: Q | None = None) -> DeferredTask | None:
-    """Claim the first job of the account's line for `worker`, which runs it itself (SKIP LOCKED:
-    two workers never claim the same job, and neither waits for the other). The caller decides,
-    under the account's lock, that a slot is there for it. `let_go`: the caller's condition on a
-    held job for taking it over once its claim expired (budgets': the claim's slot was given back,
-    so its claimant cannot have started it)."""
-    now = clock.now()
-    first = (DeferredTask.objects.select_for_update(skip_locked=True)
-             .filter(claimable(now), let_go or Q(), account_id=account_id, queue=queue).order_by(*LINE_ORDER).first())
-    if first is None:
-        return None
-    first.claimed_by, first.claim_expires_at = worker, now + dt.timedelta(seconds=lease_s)
-    DeferredTask.objects.filter(pk=first.pk).update(claimed_by=first.claimed_by, claim_expires_at=first.claim_expires_at)
-    return first
-
-
-def claim_held(*, job: str, ref: str, worker: str) -> bool:
-    """Whether `worker` still holds its claim on the job."""
-    return DeferredTask.objects.filter(job=job, ref=ref, claimed_by=worker).exists()
-
-
-def complete_claim(*, job: str, ref: str, worker: str) -> bool:
-    """The claimed job's run starts: it leaves the holding area, if `worker` still holds its claim
-    (held again meanwhile, it must not run). Call it where the claim was seen held, under a lock
-    that keeps others from taking it (the account's Budget row)."""
-    deleted, _ = DeferredTask.objects.filter(job=job, ref=ref, claimed_by=worker).delete()
-    return deleted > 0
-
-
 def release_first(*, account_id: int, queue: str, limit: int, let_go: Q | None = None) -> list[DeferredTask]:
     """Ring the doorbell again for the first `limit` jobs of the account's line; returns them
-    (`let_go` as for `claim`).
+    (`let_go` as for scheduling.claims.claim).
 
     Call it inside a transaction: the rows are locked (SKIP LOCKED, so concurrent callers take
     different ones) and sent once the caller commits.

@@ -27,7 +27,7 @@ def claim(*, only_if: str = "TRUE", let_go=None) -> str:
     holds: an UPDATE returning the claimed job's (job, ref, priority), or no row. SKIP LOCKED: two
     claimants never take the same job and neither waits for the other. A job whose claim expired is
     taken over only where the caller's `let_go(account=, queue=, job=, ref=)` (SQL over the job's
-    columns, given as SQL expressions) says its claimant let it go (holding.claim's `let_go`).
+    columns, given as SQL expressions) says its claimant let it go (scheduling.claims.claim's `let_go`).
     Parameters: account_id, queue, worker, claim_expires_at, now."""
     taken_over = "TRUE" if let_go is None else let_go(account="d.account_id", queue="d.queue", job="d.job", ref="d.ref")
     return f"""

@@ -21,7 +21,7 @@ from budgets.ledger.order import IN_FLIGHT, let_go
 from budgets.ledger.reads import AccountReads
 from budgets.models import Budget, Reservation, ReservationStatus, UsageDay
 from budgets.standing import Standing
-from scheduling import holding
+from scheduling import claims, holding
 from scheduling.envelope import Envelope
 from scheduling.metering import Meter
 from scheduling.models import TaskRun
@@ -87,7 +87,7 @@ class Ledger(AccountReads):
         usage_id = self.usage_id(state, account_id=envelope.account, queue=queue, day=day)
         UsageDay.objects.filter(pk=usage_id).update(cpu_reserved_ms=F("cpu_reserved_ms") + reserve_ms)
         if claimant is not None:
-            holding.complete_claim(job=envelope.job, ref=envelope.ref, worker=claimant)
+            claims.complete_claim(job=envelope.job, ref=envelope.ref, worker=claimant)
         if run is not None:
             task_run_mark_started(run=run)
         lease = standing.run_lease_expiry() if lease_s is None else timezone.now() + dt.timedelta(seconds=lease_s)
@@ -140,7 +140,7 @@ class Ledger(AccountReads):
         Under the account's lock."""
         if yield_to_broker and self.broker_waiting(queue=queue):
             return None
-        held = holding.claim(account_id=account_id, queue=queue, worker=worker, lease_s=standing.claim_lease_s(),
+        held = claims.claim(account_id=account_id, queue=queue, worker=worker, lease_s=standing.claim_lease_s(),
                              let_go=let_go())
         if held is None:
             return None
@@ -155,7 +155,7 @@ class Ledger(AccountReads):
         if yield_to_broker and self.broker_waiting(queue=queue):
             return None
         lease_s = standing.claim_lease_s()
-        held = holding.claim(account_id=account_id, queue=queue, worker=worker, lease_s=lease_s, let_go=let_go())
+        held = claims.claim(account_id=account_id, queue=queue, worker=worker, lease_s=lease_s, let_go=let_go())
         if held is None:
             return None
         envelope = Envelope(job=held.job, account=account_id, ref=held.ref, priority=held.priority)
@@ -172,7 +172,7 @@ class Ledger(AccountReads):
         (the slot reclaimed, or the job held again, which voids a claim): it must not run."""
         with transaction.atomic():
             there = Reservation.objects.select_for_update().filter(pk=slot_id, status=ReservationStatus.ACTIVE).exists()
-            return there and holding.complete_claim(job=envelope.job, ref=envelope.ref, worker=worker)
+            return there and claims.complete_claim(job=envelope.job, ref=envelope.ref, worker=worker)
 
     def unadmit(self, *, slot_id: int, account_id: int, queue: str,
                 expired_before: dt.datetime | None = None) -> int | None:

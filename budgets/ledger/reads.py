@@ -14,7 +14,7 @@ from django.utils import timezone
 from budgets.ledger.order import IN_FLIGHT, FairOrder
 from budgets.models import Budget, Reservation, ReservationStatus, UsageDay
 from budgets.standing import Standing
-from scheduling import clock, holding, pausing
+from scheduling import claims, clock, holding, pausing
 from scheduling.envelope import Envelope
 from scheduling.selectors import recent_starts
 
@@ -64,7 +64,7 @@ class AccountReads(FairOrder):
             in_line=holding.in_line(account_id=account_id, queue=queue),
             blocked=holding.blocked(account_id=account_id, queue=queue), own_slot=own,
             paused=pausing.covered(account_id=account_id, queue=queue),
-            claimed=bool(envelope and claimant and holding.claim_held(job=envelope.job, ref=envelope.ref,
+            claimed=bool(envelope and claimant and claims.claim_held(job=envelope.job, ref=envelope.ref,
                                                                         worker=claimant)),
             weight=budget["weight"], rate_starts=budget["rate_starts"], rate_period_s=budget["rate_period_s"],
             **_rate_window(account_id=account_id, queue=queue, budget=budget),

@@ -7,7 +7,7 @@ import pytest
 from django.db.models import Count, Q
 
 from budgets.models import Account
-from scheduling import clock, holding
+from scheduling import claims, clock, holding
 from scheduling.envelope import Envelope
 from scheduling.models import Backlog, DeferReason, DeferredTask
 
@@ -52,8 +52,8 @@ def test_the_counts_follow_every_change_of_the_holding_area(account, other_accou
     assert counted() == recounted()
     assert counted()[(account.pk, "default")]["in_line"] == 2999
 
-    holding.claim(account_id=account.pk, queue="default", worker="w", lease_s=30)  # a claim changes no count
-    assert holding.complete_claim(job="tests.noop", ref="a1", worker="w")
+    claims.claim(account_id=account.pk, queue="default", worker="w", lease_s=30)  # a claim changes no count
+    assert claims.complete_claim(job="tests.noop", ref="a1", worker="w")
     assert len(holding.release_first(account_id=account.pk, queue="default", limit=10)) == 10
     holding.unhold(job="tests.noop", ref="a20")
     holding.line_up_due(now + dt.timedelta(minutes=10))  # "later" joins the line, "system" is sent

@@ -20,7 +20,7 @@ from budgets import clock as budget_clock
 from budgets.ledger import ledger, portable
 from budgets.ledger import statements as s
 from budgets.models import Account, Budget, UsageDay
-from scheduling import clock, holding, sql
+from scheduling import claims, clock, holding, sql
 from scheduling.envelope import Envelope
 from scheduling.models import Backlog, DeferReason, DeferredTask, Outcome, TaskRun
 from tests.factories import AccountFactory
@@ -177,7 +177,7 @@ def test_the_portable_forms_read_a_bounded_number_of_rows_too(holding_area):
     assert [ready[:2] for ready in portable_ledger.ready_accounts(queue="default", limit=4)] == [
         (light.pk, "default"), (holding_area["lighter"].pk, "default")]
     checks = {
-        "claim": lambda: holding.claim(account_id=capped.pk, queue="default", worker="w", lease_s=30),
+        "claim": lambda: claims.claim(account_id=capped.pk, queue="default", worker="w", lease_s=30),
         "pull's choice": lambda: portable_ledger.ready_accounts(queue="default", limit=4),
         "settlement's question": lambda: holding.any_ready(queue="default"),
         "in line": lambda: holding.in_line(account_id=capped.pk, queue="default"),

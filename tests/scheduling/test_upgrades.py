@@ -8,7 +8,7 @@ from django.db import connection, transaction
 from django_q.tasks import async_task
 
 from budgets.models import Role
-from scheduling import clock, holding, sql
+from scheduling import claims, clock, holding, sql
 from scheduling.actions import release_held
 from scheduling.envelope import VERSION
 from scheduling.models import DeferReason, DeferredTask, Outcome, TaskRun
@@ -171,7 +171,7 @@ def test_a_parked_message_is_never_claimed_to_run_in_place_only_sent_back(accoun
     speaks(settings, NEWER)
 
     with transaction.atomic():
-        assert holding.claim(account_id=account.pk, queue="default", worker="w:1", lease_s=30) is None
+        assert claims.claim(account_id=account.pk, queue="default", worker="w:1", lease_s=30) is None
         with connection.cursor() as cursor:
             now = clock.now()
             cursor.execute(sql.claim(), {"account_id": account.pk, "queue": "default", "worker": "w:1", "now": now,
