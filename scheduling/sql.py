@@ -6,7 +6,8 @@ as arguments: no fragment knows the caller's aliases, and the caller never write
 tables' SQL itself. The portable (ORM) forms of the same rules are scheduling.holding's.
 
 Cost, as held jobs and accounts grow (EXPLAINed in tests/scheduling/test_held_work_cost.py):
-`claim` reads the first unclaimed rows of one account's line (index deferred_line), `hold_in_line`
+`claim` reads the first unclaimed rows of one account's line (index deferred_line; for each whose
+claim expired, what the caller's `let_go` reads), `hold_in_line`
 writes one row, its conflict found by the (job, ref) key, `in_line` and
 `ready_accounts`/`any_ready` read Backlog (its unique key; index backlog_ready over the accounts
 whose line could go now), `complete_claim` and `claim_held` one row by (job, ref), a rate limit's
