@@ -1,5 +1,9 @@
 """What an operator may see of a failure: the error's class and shape, never the sensitive values."""
+import collections
 import datetime as dt
+import logging
+import random
+import re
 
 import pytest
 from django.contrib.auth import get_user_model
@@ -7,7 +11,7 @@ from django.db import DataError, IntegrityError, connection, transaction
 
 from exports.models import ExportRecord
 from scheduling.envelope import ContractError
-from scheduling.redaction import MAX_LENGTH, describe_error, redact
+from scheduling.redaction import _MAY_HOLD_A_SECRET, _PATTERNS, MAX_LENGTH, RedactingFilter, describe_error, redact
 from scheduling.registry import UnknownJob
 
 pytestmark = pytest.mark.django_db
@@ -109,6 +113,46 @@ def test_short_numbers_and_identifiers_that_help_diagnosis_are_kept():
             "on attempt 3 of 5 (batch 123456) at 12:30:05")
 
     assert redact(text) == text
+
+
+# What the patterns look for, cut into pieces that random texts are made of: every one of the
+# patterns' words, prefixes and symbols, and the characters around them.
+_PIECES = ["password", "PassWd", "pwd", "secret", "TOKEN", "api-key", "access_key", "private-key", "credential",
+           "authorization", "Signature", "sig", "Bearer", "basic", "DIGEST", "AKIA", "ASIA", "ACCA", "ABCDEFGHIJKLMN",
+           "fs_", "Zx81kq0aa", "/exports/file/", "Failing row contains (", ")=(", "(", ")", "Key (email)", '"', "'",
+           "@", "example.com", "://", "postgres", ': "', "4111", "4111 ", "4111-", "1111 1111 1111 ", "3782-822463-", "1234567", "12", "0", "-", " ", "\n", "=", ":", ";", ".",
+           "_", "/", "a", "x9", "hunter2", "6f1c2a9e-4a57-4c1e-9d0a-"]
+
+
+def test_every_match_of_a_pattern_holds_what_the_shortcut_looks_for():
+    """`redact` returns a text as it is when none of the patterns' `needs` is in it: for that to
+    be safe, each pattern must match only where its `needs` is found."""
+    rng = random.Random(27)
+    matched = collections.Counter()
+    for _ in range(20_000):
+        text = "".join(rng.choices(_PIECES, k=rng.randint(1, 14)))
+        for pattern, _replacement, needs in _PATTERNS:
+            if pattern.search(text):
+                matched[pattern] += 1
+                assert re.search(needs, text), (pattern.pattern, text)
+    # Every pattern was put to the test: the random texts matched each of them, often.
+    assert {p.pattern: matched[p] >= 20 for p, _, _ in _PATTERNS} == {p.pattern: True for p, _, _ in _PATTERNS}
+
+
+@pytest.mark.parametrize("text", ["task finished", "scheduling.noop", "succeeded", "export built in 300 s"])
+def test_a_text_no_pattern_can_match_is_returned_as_it_is(text):
+    assert not _MAY_HOLD_A_SECRET.search(text)
+    assert redact(text) == text
+
+
+def test_a_log_line_with_a_secret_in_an_extra_value_is_still_redacted():
+    record = logging.LogRecord("scheduling.middleware", logging.INFO, __file__, 1, "task finished", (), None)
+    record.job, record.outcome, record.detail = "scheduling.noop", "succeeded", "retry with token=fs_Zx81kq0aa"
+
+    RedactingFilter().filter(record)
+
+    assert (record.msg, record.job, record.outcome) == ("task finished", "scheduling.noop", "succeeded")
+    assert "Zx81kq0aa" not in record.detail and record.detail.startswith("retry with token=")
 
 
 @pytest.mark.parametrize(
