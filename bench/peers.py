@@ -34,7 +34,10 @@ backends, from /proc/<pid>/stat), which other work on a shared machine cannot in
 write-ahead log the server wrote over the window per job (what the database writes for each job:
 the same whatever the load). What each job
 leaves: the rows in every table of the database after the workers stopped, minus those before
-the enqueue. Rounds rotate the order of the systems; medians over rounds.
+the enqueue. Rounds rotate the order of the systems; medians over rounds. With --waits, each poll
+also samples what the system's database backends are doing (working, waiting for a row lock another
+transaction holds, for the WAL's flush at commit, ...): the shares per round, and the statements
+seen waiting for a row lock most, in the log and the JSON.
 
 Goal printed (issue 27): Fairshare's full chain at or above Procrastinate's jobs/s, with no more
 machine CPU per job. Results: a table on stdout, JSON in bench/results/. Not part of .ci/run.
@@ -42,6 +45,7 @@ machine CPU per job. Results: a table on stdout, JSON in bench/results/. Not par
 from __future__ import annotations
 
 import argparse
+import collections
 import contextlib
 import hashlib
 import json
@@ -389,7 +393,26 @@ def own_cpu_seconds(start: dict[int, int], end: dict[int, int], only: set[int] |
 
 # --- One round of one system --------------------------------------------------------------------
 
-def measure(system: System, n: int, db_name: str, template: str, log_dir: Path, timeout: float) -> dict:
+# What the system's database backends were doing, one sample of pg_stat_activity per poll (--waits):
+# working (no wait event), waiting for a row another transaction holds (Lock), for the WAL's
+# flush at commit (IO), for an internal lock (LWLock), or other.
+ACTIVITY_SQL = ("SELECT COALESCE(wait_event_type, 'working'), left(regexp_replace(query, '\\s+', ' ', 'g'), 60) "
+                "FROM pg_stat_activity WHERE datname = current_database() AND state = 'active' AND pid <> pg_backend_pid()")
+
+
+def waits_summary(samples: collections.Counter) -> dict:
+    """Shares of the sampled backend states, and the statements seen waiting for a row lock most."""
+    total = sum(samples.values()) or 1
+    by_kind = collections.Counter()
+    for (kind, _), k in samples.items():
+        by_kind[kind] += k
+    locked = [(query, k) for (kind, query), k in samples.most_common() if kind == "Lock"][:3]
+    return {"samples": total, "share": {kind: k / total for kind, k in by_kind.most_common()},
+            "lock_waits_by_statement": [{"statement": q, "share": k / total} for q, k in locked]}
+
+
+def measure(system: System, n: int, db_name: str, template: str, log_dir: Path, timeout: float,
+            waits: bool = False) -> dict:
     import psycopg
 
     db_url = create_database(db_name, template=template)
@@ -405,8 +428,11 @@ def measure(system: System, n: int, db_name: str, template: str, log_dir: Path, 
         try:
             t_start = time.perf_counter()
             first = None  # (time, jobs left, machine CPU s) at the first poll that saw a job finished
+            activity = collections.Counter()
             while True:
                 left = count(system.remaining_sql)
+                if waits and first is not None:
+                    activity.update(conn.execute(ACTIVITY_SQL).fetchall())
                 now, cpu = time.perf_counter(), h.machine_cpu_seconds()
                 if first is None and left < n:
                     first = (now, left, cpu)
@@ -445,6 +471,7 @@ def measure(system: System, n: int, db_name: str, template: str, log_dir: Path, 
         "wal_bytes_per_job": float(wal_bytes) / left_at_first,
         "rows_left": {t: d for t, d in rows.items() if d},
         "loadavg_1m_at_start": load,
+        **({"backends": waits_summary(activity)} if waits else {}),
     }
 
 
@@ -471,6 +498,9 @@ def parse_args(argv=None):
     p.add_argument("--timeout", type=float, default=600, help="seconds a drain may take before the run fails")
     p.add_argument("--keep", action="store_true", help="keep the template databases (fairshare_peers_tmpl_*)")
     p.add_argument("--json", type=Path, help="results file (default bench/results/peers[-quick].json)")
+    p.add_argument("--waits", action="store_true",
+                   help="sample what the system's database backends wait for at each poll (row locks, commits' "
+                        "WAL flush): one more query per poll, in the machine CPU figure")
     args = p.parse_args(argv)
     args.jobs = args.jobs or (300 if args.quick else 2000)
     args.rounds = args.rounds or (2 if args.quick else 3)
@@ -515,13 +545,17 @@ def main(argv=None) -> int:
         for s in order:
             time.sleep(1.0)  # the previous system's processes gone, its database dropped
             x = measure(s, args.jobs, f"{DB_PREFIX}_{s.key.replace('-', '_')}", templates[s.template], log_dir,
-                        args.timeout)
+                        args.timeout, waits=args.waits)
             result[s.key] = x
             h.log(f"round {r + 1}: {s.key:18s} {x['jobs_per_s']:7.1f} jobs/s, "
                   f"{h.fmt(x['machine_cpu_s_per_1000'], '.2f')} machine / {x['own_cpu_s_per_1000']:.2f} own / "
                   f"{x['database_cpu_s_per_1000']:.2f} database CPU s per 1,000, {x['wal_bytes_per_job']:.0f} WAL bytes/job "
                   f"(enqueue {x['enqueue_per_s']:.0f}/s, "
                   f"load {x['loadavg_1m_at_start']:.2f})")
+            if args.waits:
+                b = x["backends"]
+                h.log("    its backends: " + ", ".join(f"{kind} {share:.0%}" for kind, share in b["share"].items())
+                      + "".join(f"; row locks in {w['statement']!r} {w['share']:.0%}" for w in b["lock_waits_by_statement"]))
         rounds.append(result)
 
     summary = {}
