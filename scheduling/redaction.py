@@ -25,7 +25,7 @@ _DOTTED_PATH = re.compile(r"'[a-z_][a-z0-9_]*(?:\.[a-z_][a-z0-9_]*)+'")
 
 # Each pattern with what every one of its matches contains (a regex, the `needs` column): a text
 # with none of them cannot match any pattern and is returned as it is, at the cost of one search
-# instead of fifteen substitutions — most log lines (a job name, an outcome) are such texts.
+# instead of a substitution per pattern - most log lines (a job name, an outcome) are such texts.
 # tests/scheduling/test_redaction.py checks that every match of a pattern contains what it needs.
 _PATTERNS = [
     # scheme://user:password@host -> scheme://***@host
@@ -69,7 +69,6 @@ _PATTERNS = [
     (re.compile(r"\b\d{4}(?:[ -]\d{4}){3}\b|\b\d{4}[ -]\d{6}[ -]\d{5}\b"), "***", r"\d{4}"),
 ]
 _MAY_HOLD_A_SECRET = re.compile("|".join(dict.fromkeys(needs for _, _, needs in _PATTERNS)))
-
 
 
 # Only this many times `max_length` of a message is redacted: a huge message (a dump in an
