@@ -66,10 +66,10 @@ SLOTS = 32767  # Budget.max_concurrent's largest value: the cap never binds here
 
 # --- Set-up -------------------------------------------------------------------------------------
 
-def setup_account() -> int:
+def setup_account(slug: str = ACCOUNT_SLUG) -> int:
     from budgets.models import Account, Budget, Plan
 
-    account, _ = Account.objects.get_or_create(slug=ACCOUNT_SLUG, defaults={"name": "Benchmark", "plan": Plan.ENTERPRISE})
+    account, _ = Account.objects.get_or_create(slug=slug, defaults={"name": f"Benchmark {slug}", "plan": Plan.ENTERPRISE})
     Budget.objects.update_or_create(
         account=account, queue=QUEUE,
         defaults={"cpu_seconds_per_day": 10**9, "max_concurrent": SLOTS},

@@ -16,7 +16,9 @@ Systems, each with two workers:
 - fairshare-recorded: the same cluster running `bench.noop.recorded` (a TaskRun inserted and
   completed, nothing else: budget_overhead's recorded path);
 - fairshare-chain: Fairshare's full chain, `scheduling.runtime.enqueue(job="scheduling.noop")` for
-  budget_overhead's account (budget and cap never bind): a metered TaskRun, a slot, a charge.
+  budget_overhead's account (budget and cap never bind): a metered TaskRun, a slot, a charge;
+- fairshare-tenants: the same, the jobs alternating between two such accounts (not a goal: both
+  workers then write two accounts' rows, not one's).
 
 The peers are installed, pinned, into virtualenvs of their own under var/peers/ (`--venvs`; not the
 project's .venv), made on the first run and reused. Fairshare's paths run in the project's venv.
@@ -225,7 +227,7 @@ class Fairshare(System):
 
     def __init__(self, path: str, label: str, leaves: str):
         self.key, self.label, self.leaves = f"fairshare-{path}", label, leaves
-        if path == "chain":  # what waits in the broker, and in the account's line (every worker busy)
+        if path in ("chain", "tenants"):  # what waits in the broker, and in the accounts' lines (every worker busy)
             self.remaining_sql = ("SELECT (SELECT count(*) FROM django_q_ormq WHERE key = 'default') + "
                                   "(SELECT count(*) FROM scheduling_deferredtask WHERE ref LIKE 'peers-%')")
         if path == "bare":  # no record of a success (save_limit -1): no failure recorded either
@@ -314,6 +316,7 @@ SYSTEMS = {s.key: s for s in (
     Fairshare("bare", "django-q2 1.11 bare, Fairshare's settings", "nothing"),
     Fairshare("recorded", 'Fairshare, TaskRun only ("recorded")', "a TaskRun"),
     Fairshare("chain", "Fairshare, full chain", "a metered TaskRun, slot, ledger charge"),
+    Fairshare("tenants", "Fairshare, full chain, jobs of two accounts", "a metered TaskRun, slot, ledger charge"),
 )}
 
 

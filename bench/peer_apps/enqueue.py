@@ -5,7 +5,8 @@
 Run by bench/peers.py in the system's own interpreter (a peer's virtualenv, or the project's for
 Fairshare's paths) with PEERS_DATABASE_URL set; prints {"jobs": N, "seconds": ...} on stdout (the
 time of the N calls alone, after imports and set-up). `fairshare-setup` migrates the database and
-creates the benchmark account instead (bench/budget_overhead.py's).
+creates the benchmark's accounts instead (bench/budget_overhead.py's, and a second one like it for
+`fairshare-tenants`, whose jobs alternate between the two).
 """
 import json
 import os
@@ -14,6 +15,7 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent.parent
+SECOND_ACCOUNT = "bench-overhead-2"
 
 
 def fairshare(path: str, n: int) -> float:
@@ -26,6 +28,7 @@ def fairshare(path: str, n: int) -> float:
         h.migrate()
         h.setup_django()
         bo.setup_account()
+        bo.setup_account(SECOND_ACCOUNT)
         return 0.0
     h.setup_django()
     from budgets.models import Account
@@ -34,13 +37,14 @@ def fairshare(path: str, n: int) -> float:
     from scheduling.runtime import enqueue
 
     account_id = Account.objects.get(slug=bo.ACCOUNT_SLUG).pk
+    accounts = [account_id] + ([Account.objects.get(slug=SECOND_ACCOUNT).pk] if path == "tenants" else [])
     func = {"bare": bo.BARE_FUNC, "recorded": bo.RECORDED_FUNC}.get(path)
     t0 = time.perf_counter()
     for i in range(n):
         if func:  # as bench/budget_overhead.py's bare and recorded paths
             async_task(func, bo.envelope_message(account_id, f"peers-{i}"), task_name=f"{func}:peers-{i}")
         else:  # sent, or held in the account's line while a job sent to the broker waits for a worker
-            enqueue(job=bo.CHAIN_JOB, account=account_id, ref=f"peers-{i}")
+            enqueue(job=bo.CHAIN_JOB, account=accounts[i % len(accounts)], ref=f"peers-{i}")
     return time.perf_counter() - t0
 
 
