@@ -21,6 +21,8 @@ _SECRET_WORDS = r"password|passwd|pwd|secret|token|api[_-]?key|access[_-]?key|pr
 # ("password authentication failed", "token expired") is the message, not the secret.
 _CREDENTIAL_LIKE = r"(?=\S*[\d_/+=.~!$%^&*-])\S{4,}|\S{24,}"
 
+_NAMES_A_SECRET = f"(?i:{_SECRET_WORDS})"  # the `needs` (below) of the patterns that find a value by its name
+
 _DOTTED_PATH = re.compile(r"'[a-z_][a-z0-9_]*(?:\.[a-z_][a-z0-9_]*)+'")
 
 # Each pattern with what every one of its matches contains (a regex, the `needs` column): a text
@@ -40,9 +42,9 @@ _PATTERNS = [
     # assigned: access_token=…, DB_PASSWORD=…, client_secret: …, aws_secret_access_key=…
     (re.compile(rf"\b([\w-]{{0,40}}?(?:{_SECRET_WORDS})[\w-]{{0,40}}[\"']?)(\s*[=:]\s*)[\"']?"
                 r"(?:(?:Bearer|Basic|Token|Digest)\s+)?[^\s\"',;&)]+[\"']?", re.I), r"\1\2***",
-     f"(?i:{_SECRET_WORDS})"),
+     _NAMES_A_SECRET),
     # password hunter2 (no = or :): only a credential-like value, see _CREDENTIAL_LIKE.
-    (re.compile(rf"\b({_SECRET_WORDS})(\s+)(?:{_CREDENTIAL_LIKE})", re.I), r"\1\2***", f"(?i:{_SECRET_WORDS})"),
+    (re.compile(rf"\b({_SECRET_WORDS})(\s+)(?:{_CREDENTIAL_LIKE})", re.I), r"\1\2***", _NAMES_A_SECRET),
     # AWS access key ids (long-term AKIA…, temporary ASIA…, and the other IAM id kinds).
     (re.compile(r"\b(AKIA|ASIA|AIDA|AROA|AGPA|ANPA|ANVA|ABIA|ACCA)[A-Z0-9]{12,}\b"), r"\1***",
      "AKIA|ASIA|AIDA|AROA|AGPA|ANPA|ANVA|ABIA|ACCA"),

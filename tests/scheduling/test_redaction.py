@@ -120,8 +120,9 @@ def test_short_numbers_and_identifiers_that_help_diagnosis_are_kept():
 _PIECES = ["password", "PassWd", "pwd", "secret", "TOKEN", "api-key", "access_key", "private-key", "credential",
            "authorization", "Signature", "sig", "Bearer", "basic", "DIGEST", "AKIA", "ASIA", "ACCA", "ABCDEFGHIJKLMN",
            "fs_", "Zx81kq0aa", "/exports/file/", "Failing row contains (", ")=(", "(", ")", "Key (email)", '"', "'",
-           "@", "example.com", "://", "postgres", ': "', "4111", "4111 ", "4111-", "1111 1111 1111 ", "3782-822463-", "1234567", "12", "0", "-", " ", "\n", "=", ":", ";", ".",
-           "_", "/", "a", "x9", "hunter2", "6f1c2a9e-4a57-4c1e-9d0a-"]
+           "@", "example.com", "://", "postgres", ': "', "4111", "4111 ", "4111-", "1111 1111 1111 ", "3782-822463-",
+           "1234567", "12", "0", "-", " ", "\n", "=", ":", ";", ".", "_", "/", "a", "x9", "hunter2",
+           "6f1c2a9e-4a57-4c1e-9d0a-"]
 
 
 def test_every_match_of_a_pattern_holds_what_the_shortcut_looks_for():
@@ -136,7 +137,7 @@ def test_every_match_of_a_pattern_holds_what_the_shortcut_looks_for():
                 matched[pattern] += 1
                 assert re.search(needs, text), (pattern.pattern, text)
     # Every pattern was put to the test: the random texts matched each of them, often.
-    assert {p.pattern: matched[p] >= 20 for p, _, _ in _PATTERNS} == {p.pattern: True for p, _, _ in _PATTERNS}
+    assert [p.pattern for p, _, _ in _PATTERNS if matched[p] < 20] == []
 
 
 @pytest.mark.parametrize("text", ["task finished", "scheduling.noop", "succeeded", "export built in 300 s"])
