@@ -36,6 +36,11 @@ SETTINGS = (
             doc="a run reserves CPU in steps of at least this much (its job's estimate if larger) and "
                 "reserves the next step when less than half of one is left: the runs of an account never "
                 "hold more than it has left today, so together they stop at the daily cap"),
+    Setting("CHARGE_CARRY_S", "FAIRSHARE_CHARGE_CARRY", 1.0, parse=float, unit="s",
+            doc="a slot passed from run to run of one account (PostgreSQL) carries its runs' charges and "
+                "charges them to the day's usage row when the chain ends or after this long, instead of "
+                "with every run: their CPU stays reserved meanwhile, so the cap holds exactly; what the "
+                "usage row shows as used lags by at most this much; 0: every settlement charges"),
     Setting("BUDGET_TICK_S", "FAIRSHARE_BUDGET_TICK", 0.2, parse=float, unit="s",
             doc="how often a running task's watcher looks at its CPU: about the most a job that never "
                 "checks its budget overshoots by"),

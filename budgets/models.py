@@ -168,6 +168,16 @@ class Reservation(models.Model):
     cpu_reserved_ms = models.BigIntegerField(default=0)
     cpu_reported_ms = models.BigIntegerField(default=0, help_text="CPU the run had used when it last renewed its lease")
     cpu_charged_ms = models.BigIntegerField(default=0, help_text="CPU already charged by a reclaim")
+    # What the runs this slot was passed on from measured and its day's usage row has not been
+    # charged yet (budgets.ledger, "carried charges"): their CPU is still in the day's reserved CPU,
+    # so the cap counts it. Whoever ends the slot (its settlement, reclaim or undone admission)
+    # charges it; a pass-on carries it on for at most FAIRSHARE["CHARGE_CARRY_S"] from `carried_since`.
+    carried_runs = models.IntegerField(default=0, db_default=0)
+    carried_cpu_ms = models.BigIntegerField(default=0, db_default=0)
+    carried_wall_ms = models.BigIntegerField(default=0, db_default=0)
+    carried_db_wait_ms = models.BigIntegerField(default=0, db_default=0)
+    carried_storage_wait_ms = models.BigIntegerField(default=0, db_default=0)
+    carried_since = models.DateTimeField(null=True, blank=True, help_text="When the first run it carries ended")
     created_at = models.DateTimeField(auto_now_add=True)
     lease_expires_at = models.DateTimeField()
 

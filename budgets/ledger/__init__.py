@@ -9,12 +9,16 @@ moves it between them:
         v                                                   v
     DISPATCHED on a claim's lease ── activate ──>  ACTIVE  <── activate (admission) ── DISPATCHED
     ACTIVE on a claim's lease ── start_admitted ──>  ACTIVE (running; the watcher renews its lease)
-    ACTIVE ── charge (settlement; may pass the slot on: a new ACTIVE one for the next held job) ──> (deleted)
+    ACTIVE ── charge (settlement; may pass the slot on: a new ACTIVE one for the next held job,
+              which may carry the run's charge on: see budgets.ledger.settling) ──> (deleted)
     ACTIVE ── reclaim (lease expired: charged what it reported) ──> RECLAIMED ── charge of the rest ──> (deleted)
     RECLAIMED ── revive (its worker was only frozen, and a slot is free) ──> ACTIVE
     DISPATCHED ── undispatch (send failed) / reclaim (message lost) ──> (deleted)
     ACTIVE on a claim's lease ── unadmit (never started) ──> (deleted)
     ACTIVE ── renew (lease, CPU reported), grow (more CPU) ──> ACTIVE
+
+Whatever ends a slot (charge, reclaim, unadmit) also charges what it carried: the figures of the
+runs it was passed on from, whose CPU its day still holds as reserved.
 
 Two backends pass the same behaviour tests, on PostgreSQL (tests/budgets/conftest.py runs the
 ledger tests with each):

@@ -112,13 +112,10 @@ class Ledger(AccountReads):
                 return None
             slot.delete()
             active = slot.status == ReservationStatus.ACTIVE
-            UsageDay.objects.filter(account_id=account_id, queue=queue, day=slot.day).update(
-                cpu_used_ms=F("cpu_used_ms") + max(0, meter.cpu_ms - slot.cpu_charged_ms),
-                cpu_reserved_ms=F("cpu_reserved_ms") - (slot.cpu_reserved_ms if active else 0),
-                runs=F("runs") + (1 if active else 0), wall_ms=F("wall_ms") + meter.wall_ms,
-                db_wait_ms=F("db_wait_ms") + round(meter.db_wait_ms),
-                storage_wait_ms=F("storage_wait_ms") + round(meter.storage_wait_ms),
-                cap_hits=F("cap_hits") + (1 if cap_hit else 0))
+            _charge_day(slot, cpu_ms=max(0, meter.cpu_ms - slot.cpu_charged_ms),
+                        reserved_ms=slot.cpu_reserved_ms if active else 0, runs=1 if active else 0,
+                        wall_ms=meter.wall_ms, db_wait_ms=round(meter.db_wait_ms),
+                        storage_wait_ms=round(meter.storage_wait_ms), cap_hits=1 if cap_hit else 0)
             if slot.task_run_id:
                 task_run_end(run_id=slot.task_run_id, end=end)
         return Charged(slot.task_run_id, active, in_line=holding.in_line(account_id=account_id, queue=queue),
@@ -178,7 +175,8 @@ class Ledger(AccountReads):
                 expired_before: dt.datetime | None = None) -> int | None:
         """ACTIVE on a claim's lease -> (none): an admission whose run never started is undone, its
         CPU unreserved, nothing charged or counted; with `expired_before`, only if its lease is
-        still expired then. Returns its run's id (None when nothing was undone)."""
+        still expired then; what the slot carried of the runs it was passed on from is charged.
+        Returns its run's id (None when nothing was undone)."""
         with transaction.atomic():
             slot = Reservation.objects.select_for_update().filter(
                 Q(lease_expires_at__lt=expired_before) if expired_before else Q(),
@@ -186,8 +184,7 @@ class Ledger(AccountReads):
             if slot is None:
                 return None
             slot.delete()
-            UsageDay.objects.filter(account_id=account_id, queue=queue, day=slot.day).update(
-                cpu_reserved_ms=F("cpu_reserved_ms") - slot.cpu_reserved_ms)
+            _charge_day(slot, reserved_ms=slot.cpu_reserved_ms)
         return slot.task_run_id
 
     def renew(self, *, slot_id: int, cpu_ms: int) -> bool:
@@ -217,11 +214,11 @@ class Ledger(AccountReads):
                 charge_ms: int) -> None:
         """ACTIVE -> RECLAIMED: a run whose lease expired (its worker died, or froze) is charged
         `charge_ms` (what it reported) and its slot and reservation are given back; if it turns
-        out to be alive after all, its settlement charges only the rest. Under the lock."""
-        UsageDay.objects.filter(account_id=account_id, queue=queue, day=day).update(
-            cpu_used_ms=F("cpu_used_ms") + charge_ms, cpu_reserved_ms=F("cpu_reserved_ms") - reserved_ms,
-            runs=F("runs") + 1)
-        Reservation.objects.filter(pk=slot_id).update(status=ReservationStatus.RECLAIMED, cpu_charged_ms=charge_ms)
+        out to be alive after all, its settlement charges only the rest. What the slot carried of
+        the runs it was passed on from is charged with it. Under the lock."""
+        _charge_day(Reservation.objects.get(pk=slot_id), cpu_ms=charge_ms, reserved_ms=reserved_ms, runs=1)
+        Reservation.objects.filter(pk=slot_id).update(status=ReservationStatus.RECLAIMED, cpu_charged_ms=charge_ms,
+                                                      **NOTHING_CARRIED)
 
     def revive(self, *, slot_id: int, account_id: int, queue: str, reserve_ms: int) -> int | None:
         """RECLAIMED -> ACTIVE: the run of a slot reclaimed while its worker was frozen past its
@@ -246,3 +243,20 @@ class Ledger(AccountReads):
         when its account has that much left; only the PostgreSQL ledger passes slots on."""
         raise NotImplementedError("the portable ledger does not pass slots on")
 
+
+NOTHING_CARRIED = {"carried_runs": 0, "carried_cpu_ms": 0, "carried_wall_ms": 0, "carried_db_wait_ms": 0,
+                   "carried_storage_wait_ms": 0, "carried_since": None}
+
+
+def _charge_day(slot: Reservation, *, cpu_ms: int = 0, reserved_ms: int = 0, runs: int = 0, wall_ms: int = 0,
+                db_wait_ms: int = 0, storage_wait_ms: int = 0, cap_hits: int = 0) -> None:
+    """Charge the slot's day these figures (`reserved_ms` given back), and what the slot carried of
+    the runs it was passed on from (the PostgreSQL ledger's pass-on: their CPU moves from reserved
+    to used). Whatever ends a slot charges it so."""
+    UsageDay.objects.filter(account_id=slot.account_id, queue=slot.queue, day=slot.day).update(
+        cpu_used_ms=F("cpu_used_ms") + cpu_ms + slot.carried_cpu_ms,
+        cpu_reserved_ms=F("cpu_reserved_ms") - reserved_ms - slot.carried_cpu_ms,
+        runs=F("runs") + runs + slot.carried_runs, wall_ms=F("wall_ms") + wall_ms + slot.carried_wall_ms,
+        db_wait_ms=F("db_wait_ms") + db_wait_ms + slot.carried_db_wait_ms,
+        storage_wait_ms=F("storage_wait_ms") + storage_wait_ms + slot.carried_storage_wait_ms,
+        cap_hits=F("cap_hits") + cap_hits)

@@ -1,5 +1,5 @@
 """The PostgreSQL ledger: the portable ledger's transitions, those on a task's path in one statement
-each (budgets/ledger/statements.py), prepared once per connection (scheduling.db.cursor).
+each (budgets/ledger/statements.py, settling.py), prepared once per connection (scheduling.db.cursor).
 
 Three of them take no lock and still cannot pass a cap:
 - `charge` only frees (a slot, a reservation): a slot it frees is never missed by a job being put
@@ -18,6 +18,7 @@ from django.utils import timezone
 
 from budgets import standing
 from budgets.ledger import AdmittedAtOnce, Charged, Claimed, PassOn, portable
+from budgets.ledger import settling
 from budgets.ledger import statements as s
 from budgets.ledger.order import Ready, broker_window
 from budgets.models import Queue, ReservationStatus
@@ -117,14 +118,14 @@ class Ledger(portable.Ledger):
 
     def charge(self, *, slot_id: int, account_id: int, queue: str, meter: Meter, cap_hit: bool, end: RunEnd,
                now: dt.datetime, pass_on: PassOn | None = None) -> Charged | None:
-        run_end_sql, run_end_params = task_run_end_sql(run_id_sql=s.RUN_OF_R, end=end)
+        run_end_sql, run_end_params = task_run_end_sql(run_id_sql=settling.RUN_OF_R, end=end)
         params = db.params(run_end_params, {
             "slot_id": slot_id, "account_id": account_id, "queue": queue, "cpu_ms": meter.cpu_ms,
             "wall_ms": meter.wall_ms, "db_wait_ms": round(meter.db_wait_ms),
             "storage_wait_ms": round(meter.storage_wait_ms), "cap_hits": 1 if cap_hit else 0, "now": now})
         if pass_on is not None:
             return self._charge_and_pass_on(params, run_end_sql, pass_on)
-        row = _one(s.SETTLE.format(run_end=run_end_sql), params)
+        row = _one(settling.SETTLE.format(run_end=run_end_sql), params)
         if row is None:
             return None
         task_run_id, status, in_line, waiting, others_waiting = row
@@ -133,14 +134,16 @@ class Ledger(portable.Ledger):
 
     def _charge_and_pass_on(self, params: dict, run_end_sql: str, pass_on: PassOn) -> Charged | None:
         account_id, queue, now = params["account_id"], params["queue"], params["now"]
-        step = settings.FAIRSHARE["RESERVATION_STEP_MS"]
+        step, carry_s = settings.FAIRSHARE["RESERVATION_STEP_MS"], settings.FAIRSHARE["CHARGE_CARRY_S"]
         run = TaskRun(account_id=account_id, queue=queue, worker=pass_on.worker)
         new_run_sql, new_run_params = task_run_insert_sql(run, source="h", taken={"job": "h.job", "ref": "h.ref"})
+        wall_now = timezone.now()
         params = db.params(params, new_run_params, {
             "today": pass_on.day, "step_ms": step, "keep_at_least": max(1, step // 2), "worker": pass_on.worker,
             "claim_expires_at": now + dt.timedelta(seconds=pass_on.lease_s), **_broker_window(),
-            "slot_lease": timezone.now() + dt.timedelta(seconds=pass_on.lease_s), "created_at": timezone.now()})
-        row = _one(s.SETTLE_AND_PASS_ON.format(run_end=run_end_sql, new_run=new_run_sql), params)
+            "slot_lease": wall_now + dt.timedelta(seconds=pass_on.lease_s), "created_at": wall_now,
+            "carry": carry_s > 0, "carry_since": wall_now - dt.timedelta(seconds=carry_s)})
+        row = _one(settling.SETTLE_AND_PASS_ON.format(run_end=run_end_sql, new_run=new_run_sql), params)
         if row is None:
             return None
         task_run_id, status, in_line, waiting, others_waiting, job, ref, slot_id, run.pk, reserved_ms, usage_id, \

@@ -102,7 +102,7 @@ SELECT b.cpu_seconds_per_day, b.max_concurrent, u.id, COALESCE(u.cpu_used_ms, 0)
                         AND r.status = {DISPATCHED} AND r.job = %(job)s AND r.ref = %(ref)s) o ON TRUE
  WHERE b.account_id = %(account_id)s AND b.queue = %(queue)s"""
 
-_SLOT_COLUMNS = ("account_id, queue, day, job, ref, status, lease_expires_at, created_at, worker, "
+SLOT_COLUMNS = ("account_id, queue, day, job, ref, status, lease_expires_at, created_at, worker, "
                  "cpu_reserved_ms, cpu_reported_ms, cpu_charged_ms, task_run_id")
 
 # The enqueue check's common case, no lock: the account has budget left today, a free slot on the
@@ -125,7 +125,7 @@ WITH a AS (
      AND NOT EXISTS (SELECT 1 FROM {R} r WHERE r.account_id = b.account_id AND r.queue = b.queue
                         AND r.status = {DISPATCHED} AND r.job = %(job)s AND r.ref = %(ref)s)),
 d AS (
-  INSERT INTO {R} ({_SLOT_COLUMNS})
+  INSERT INTO {R} ({SLOT_COLUMNS})
   SELECT a.account_id, %(queue)s::varchar, %(day)s::date, %(job)s::varchar, %(ref)s::varchar, {DISPATCHED},
          %(lease)s::timestamptz, %(created_at)s::timestamptz, '', 0, 0, 0, NULL
     FROM a WHERE NOT a.in_line AND NOT a.busy
@@ -183,69 +183,9 @@ RESERVE = f"UPDATE {U} SET cpu_reserved_ms = cpu_reserved_ms + %(reserve_ms)s WH
 ACTIVATE_OWN = (f"UPDATE {R} SET status = {ACTIVE}, day = %(day)s, worker = %(worker)s, "
                 "cpu_reserved_ms = %(reserve_ms)s, lease_expires_at = %(lease)s, task_run_id = {run_id} "
                 "WHERE id = %(own)s RETURNING id, task_run_id")
-ACTIVATE_NEW = (f"INSERT INTO {R} ({_SLOT_COLUMNS}) VALUES (%(account_id)s, %(queue)s, %(day)s, %(job)s, %(ref)s, "
+ACTIVATE_NEW = (f"INSERT INTO {R} ({SLOT_COLUMNS}) VALUES (%(account_id)s, %(queue)s, %(day)s, %(job)s, %(ref)s, "
                 f"{ACTIVE}, %(lease)s, %(created_at)s, %(worker)s, %(reserve_ms)s, 0, 0, {{run_id}}) RETURNING id, task_run_id")
 
-
-def charge(*, kept: str = "0") -> str:
-    """The settlement's charge of the deleted slot `r` to its day: its CPU (what a reclaim charged
-    already aside), giving back its reservation but `kept` (SQL: what a pass-on keeps for the next
-    job), its waits, and the run counted if it ran. The usage row by key."""
-    return f"""
-UPDATE {U} AS u
-   SET cpu_used_ms = u.cpu_used_ms + GREATEST(%(cpu_ms)s - r.cpu_charged_ms, 0),
-       cpu_reserved_ms = u.cpu_reserved_ms - CASE WHEN r.status = {ACTIVE} THEN r.cpu_reserved_ms ELSE 0 END + {kept},
-       runs = u.runs + CASE WHEN r.status = {ACTIVE} THEN 1 ELSE 0 END,
-       wall_ms = u.wall_ms + %(wall_ms)s, db_wait_ms = u.db_wait_ms + %(db_wait_ms)s,
-       storage_wait_ms = u.storage_wait_ms + %(storage_wait_ms)s, cap_hits = u.cap_hits + %(cap_hits)s
-  FROM r WHERE u.account_id = %(account_id)s AND u.queue = %(queue)s AND u.day = r.day
-RETURNING u.id"""
-
-
-DELETE_SLOT = (f"DELETE FROM {R} WHERE id = %(slot_id)s "
-               "RETURNING task_run_id, day, status, cpu_reserved_ms, cpu_charged_ms, id")
-RUN_OF_R = "(SELECT task_run_id FROM r)"
-
-# The settlement, no lock (it only frees): the slot deleted (exactly once: no row, nothing charged),
-# its run charged and recorded (`t`), and whether the account has work in line and whether any
-# account of the queue could go now (Backlog, by key and by index backlog_ready), and whether another
-# account's turn comes first (`others_ready`), read with it.
-SETTLE = (f"WITH r AS ({DELETE_SLOT}), c AS ({charge()}), t AS ({{run_end}}) "
-          f"SELECT r.task_run_id, r.status, {sql.in_line(account='%(account_id)s', queue='%(queue)s')}, "
-          f"{sql.any_ready()}, {others_ready()} FROM r")
-
-# What a pass-on keeps of the run's reservation for the next job: what it did not use, at most a step.
-KEPT = "LEAST(r.cpu_reserved_ms - %(cpu_ms)s, %(step_ms)s)"
-# When a settlement may pass its slot on (the composer's condition on its own `r`, given to the
-# kernel's claim): a run of today that reserved from the day and left at least half a step, no
-# pause, fewer running than the cap (an operator may have lowered it), no rate limit (decided under
-# the lock), no other account's line that could go (then the slot goes by the fair order: a pull),
-# no job waiting in the broker.
-PASS_ON_IF = f"""EXISTS (SELECT 1 FROM r WHERE r.status = {ACTIVE} AND r.day = %(today)s AND r.cpu_charged_ms = 0
-                      AND r.cpu_reserved_ms - %(cpu_ms)s >= %(keep_at_least)s)
-  AND NOT {sql.paused(account='%(account_id)s', queue='%(queue)s')}
-  AND {running(account='%(account_id)s', queue='%(queue)s', but='(SELECT id FROM r)')}
-      < (SELECT max_concurrent FROM {B} WHERE account_id = %(account_id)s AND queue = %(queue)s AND rate_starts IS NULL)
-  AND NOT {others_ready()}
-  AND NOT {broker_waiting()}"""
-
-# The settlement that passes its slot on, no lock: as SETTLE, and the first job of the account's
-# line claimed (`h`, the kernel's claim, on PASS_ON_IF), its slot inserted ACTIVE with KEPT of the
-# run's reservation (`n`) and its run's record (`s`); `c` gives back only the rest. Slots taken and
-# running, and used + reserved CPU, never grow (a slot goes, one comes; what is kept was reserved),
-# so nothing it does can pass a cap an admission under the lock checked. Reads as SETTLE, plus the
-# first unclaimed rows of the account's line (index deferred_line) and the queue's dispatched slots.
-SETTLE_AND_PASS_ON = (
-    f"WITH r AS ({DELETE_SLOT}), h AS ({claim(only_if=PASS_ON_IF)}), "
-    f"c AS ({charge(kept=f'CASE WHEN EXISTS (SELECT 1 FROM h) THEN {KEPT} ELSE 0 END')}), "
-    "t AS ({run_end}), s AS ({new_run}), "
-    f"n AS (INSERT INTO {R} ({_SLOT_COLUMNS}) SELECT %(account_id)s::bigint, %(queue)s::varchar, r.day, h.job, "
-    f"h.ref, {ACTIVE}, %(slot_lease)s::timestamptz, %(created_at)s::timestamptz, %(worker)s::varchar, {KEPT}, 0, 0, "
-    "(SELECT id FROM s) FROM h, r "
-    "RETURNING job, ref, id, task_run_id, cpu_reserved_ms) "
-    f"SELECT r.task_run_id, r.status, {sql.in_line(account='%(account_id)s', queue='%(queue)s')}, {sql.any_ready()}, "
-    f"{others_ready()}, n.job, n.ref, n.id, n.task_run_id, n.cpu_reserved_ms, (SELECT id FROM c), (SELECT priority FROM h) "
-    "FROM r LEFT JOIN n ON TRUE")
 
 # A hand-off under the lock (which read the standing): the first job of the account's line claimed
 # (`c`) and admitted ahead in the same statement: its run recorded (`t`), a step reserved (`u`), its
@@ -253,14 +193,14 @@ SETTLE_AND_PASS_ON = (
 CLAIM_AND_ADMIT = (
     "WITH c AS ({claim}), t AS ({new_run}), "
     f"u AS ({RESERVE} AND EXISTS (SELECT 1 FROM c) RETURNING 1) "
-    f"INSERT INTO {R} ({_SLOT_COLUMNS}) SELECT %(account_id)s::bigint, %(queue)s::varchar, %(day)s::date, c.job, "
+    f"INSERT INTO {R} ({SLOT_COLUMNS}) SELECT %(account_id)s::bigint, %(queue)s::varchar, %(day)s::date, c.job, "
     f"c.ref, {ACTIVE}, %(slot_lease)s::timestamptz, %(created_at)s::timestamptz, %(worker)s::varchar, "
     "%(reserve_ms)s::bigint, 0, 0, (SELECT id FROM t) FROM c "
     "RETURNING job, ref, id, task_run_id, (SELECT priority FROM c)")
 # The same without admitting (the account may not start it now): a dispatched slot on the claim's lease.
 CLAIM_FOR = (
     "WITH c AS ({claim}) "
-    f"INSERT INTO {R} ({_SLOT_COLUMNS}) SELECT %(account_id)s::bigint, %(queue)s::varchar, %(day)s::date, c.job, "
+    f"INSERT INTO {R} ({SLOT_COLUMNS}) SELECT %(account_id)s::bigint, %(queue)s::varchar, %(day)s::date, c.job, "
     f"c.ref, {DISPATCHED}, %(slot_lease)s::timestamptz, %(created_at)s::timestamptz, '', 0, 0, 0, NULL FROM c "
     "RETURNING job, ref, id, (SELECT priority FROM c)")
 

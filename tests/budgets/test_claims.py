@@ -207,7 +207,8 @@ def test_a_settlement_passes_its_slot_on_with_what_is_left_of_its_reservation(ac
     """The lock-free pass-on (the PostgreSQL ledger's) of a run that came from the holding area:
     the next job keeps what the run did not use of its reservation, at most a step, so the
     account's used + reserved CPU never grows; below half a step the slot is handed off under the
-    lock instead, with a fresh step."""
+    lock instead, with a fresh step. The run's figures go on with the slot (carried) and are
+    charged to the day when the chain of pass-ons ends: until then its CPU stays reserved."""
     settings.FAIRSHARE = {**settings.FAIRSHARE, "RESERVATION_STEP_MS": 1000}
     budget(account, cap=1)
     enqueue_many(job="tests.noop", work=[(account.pk, f"0/{i}") for i in range(4)])
@@ -219,13 +220,15 @@ def test_a_settlement_passes_its_slot_on_with_what_is_left_of_its_reservation(ac
     assert start(second, worker="w1").admitted
 
     third = settle(slot_id=second.slot_id, account_id=account.pk, queue="default",
-                   meter=meter(300), hand_to="w1", from_line=True).handed_to
+                   meter=meter(300, wall_ms=350, db_ms=10.4, storage_ms=2.6), hand_to="w1", from_line=True).handed_to
 
     assert third.envelope.ref == "0/2" and third.reserved_ms == 700
     day = usage(account)
-    assert (day.runs, day.cpu_used_ms, day.cpu_reserved_ms) == (2, 600, 700)
+    assert (day.runs, day.cpu_used_ms, day.cpu_reserved_ms) == (1, 300, 1000)  # 700 for the third, 300 carried
     slot = Reservation.objects.get()
     assert (slot.ref, slot.status, slot.cpu_reserved_ms, slot.worker) == ("0/2", ReservationStatus.ACTIVE, 700, "w1")
+    assert (slot.carried_runs, slot.carried_cpu_ms, slot.carried_wall_ms, slot.carried_db_wait_ms,
+            slot.carried_storage_wait_ms) == (1, 300, 350, 10, 3)
     assert TaskRun.objects.get(pk=third.run.pk).outcome == Outcome.RUNNING
     assert DeferredTask.objects.get(ref="0/2").claimed_by == "w1"
     assert start(third, worker="w1").admitted
@@ -235,7 +238,8 @@ def test_a_settlement_passes_its_slot_on_with_what_is_left_of_its_reservation(ac
 
     assert fourth.envelope.ref == "0/3" and fourth.reserved_ms == 1000  # 400 left: a fresh step
     day = usage(account)
-    assert (day.runs, day.cpu_used_ms, day.cpu_reserved_ms) == (3, 900, 1000)
+    assert (day.runs, day.cpu_used_ms, day.cpu_reserved_ms) == (3, 900, 1000)  # the carried run charged with it
+    assert (day.wall_ms, day.db_wait_ms, day.storage_wait_ms) == (350, 10, 3)
     assert start(fourth, worker="w1").admitted
     settle(slot_id=fourth.slot_id, account_id=account.pk, queue="default", meter=meter(1),
            hand_to="w1", from_line=True)

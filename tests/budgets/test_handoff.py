@@ -7,6 +7,8 @@ than its cap (the recorded run intervals say so), its jobs start in the order th
 the ledger adds up to the recorded runs, and a worker killed between claiming a job and starting
 it loses nothing.
 """
+import os
+import signal
 import time
 
 import pytest
@@ -18,7 +20,7 @@ from budgets.reclaim import reclaim_expired
 from scheduling.models import DeferReason, DeferredTask, Outcome, TaskRun
 from scheduling.runtime import enqueue
 from tests.budgets.test_processes import (
-    ADMITTED, give_budget, ledger_totals, recorded_totals, runs_of, usage, wait,
+    ADMITTED, FAST_BEAT, give_budget, ledger_totals, recorded_totals, runs_of, usage, wait,
 )
 from tests.factories import AccountFactory
 
@@ -220,3 +222,38 @@ def test_a_worker_killed_after_passing_its_slot_on_loses_and_duplicates_nothing(
     assert slot.status == ReservationStatus.ACTIVE and slot.task_run_id is not None  # admitted by the pass-on
     assert_recovers_once_in_order(account, refs, cluster)
     assert TaskRun.objects.get(pk=slot.task_run_id).outcome == Outcome.SKIPPED  # the pass-on's run, undone
+
+
+def test_a_worker_killed_mid_run_while_its_slot_carries_charges_is_charged_them_once(account, start_cluster):
+    """A chain of pass-ons carries its runs' charges on the slot (budgets.ledger, carried charges);
+    its worker is SIGKILLed in the middle of the run the slot came to. The reclaim charges the dead
+    run what it reported and the runs it carried, once: the ledger adds up to the recorded runs,
+    nothing stays reserved, and the jobs behind it run."""
+    give_budget(account, cpu_seconds=1000, max_concurrent=1)
+    cluster = start_cluster("default", FAIRSHARE_WORKERS="2", FAIRSHARE_RESERVATION_LEASE="3",
+                            FAIRSHARE_TASK_TIMEOUT="30", FAIRSHARE_CHARGE_CARRY="30", **FAST_BEAT)
+    before, after = [f"20/{i}" for i in range(4)], [f"20/after-{i}" for i in range(2)]
+    for ref in before:
+        enqueue(job="tests.sleep", account=account.pk, ref=ref)
+    enqueue(job="tests.spin_checked", account=account.pk, ref="3000/carrier")
+    for ref in after:
+        enqueue(job="tests.sleep", account=account.pk, ref=ref)
+
+    carrier = wait(lambda: Reservation.objects.filter(account=account, ref="3000/carrier", carried_runs__gt=0,
+                                                      cpu_reported_ms__gte=300).first(),
+                   timeout=30, what="the long job to run on a slot that carries charges", clusters=[cluster])
+    victim = runs_of(account, ref="3000/carrier", outcome=Outcome.RUNNING).get()
+    os.kill(int(victim.worker.rsplit(":", 1)[1]), signal.SIGKILL)
+
+    def recovered():
+        reclaim_expired()
+        return (runs_of(account, pk=victim.pk, outcome=Outcome.LOST).exists()
+                and runs_of(account, ref__in=after, outcome=Outcome.SUCCEEDED).count() == len(after))
+    wait(recovered, timeout=40, interval=0.5, what="the dead run to be reclaimed and the rest to run",
+         clusters=[cluster])
+
+    assert sorted(runs_of(account, outcome=Outcome.SUCCEEDED).values_list("ref", flat=True)) == sorted(before + after)
+    assert ledger_totals(account, clock.budget_day()) == recorded_totals(
+        runs_of(account, outcome__in=(*ADMITTED, Outcome.LOST)))
+    assert usage(account).cpu_reserved_ms == 0
+    assert carrier.carried_runs >= 1

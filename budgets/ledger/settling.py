@@ -1,0 +1,100 @@
+"""The PostgreSQL ledger's settlement statements (budgets.ledger.postgresql uses them), with named
+parameters: the charge of a run's slot to its day, and the pass-on of the slot to the account's
+next held job in the same statement, which may carry the run's charge on instead (carried
+charges). The rules they share with the other statements are budgets.ledger.statements'; above
+each statement, what it reads as held jobs, accounts and history grow (EXPLAINed in
+tests/scheduling/test_held_work_cost.py).
+"""
+from budgets.ledger.statements import (
+    SLOT_COLUMNS, ACTIVE, B, R, U, broker_waiting, claim, others_ready, running,
+)
+from scheduling import sql
+
+
+def charge(*, kept: str = "0", unless: str = "FALSE") -> str:
+    """The settlement's charge of the deleted slot `r` to its day: its CPU (what a reclaim charged
+    already aside), giving back its reservation but `kept` (SQL: what a pass-on keeps for the next
+    job), its waits, the run counted if it ran, and what the slot carried of the runs it was
+    passed on from (their CPU moves from reserved to used); none of it when `unless` (SQL: the
+    pass-on carries it all on instead). The usage row by key."""
+    return f"""
+UPDATE {U} AS u
+   SET cpu_used_ms = u.cpu_used_ms + GREATEST(%(cpu_ms)s - r.cpu_charged_ms, 0) + r.carried_cpu_ms,
+       cpu_reserved_ms = u.cpu_reserved_ms - CASE WHEN r.status = {ACTIVE} THEN r.cpu_reserved_ms ELSE 0 END
+                         - r.carried_cpu_ms + {kept},
+       runs = u.runs + CASE WHEN r.status = {ACTIVE} THEN 1 ELSE 0 END + r.carried_runs,
+       wall_ms = u.wall_ms + %(wall_ms)s + r.carried_wall_ms,
+       db_wait_ms = u.db_wait_ms + %(db_wait_ms)s + r.carried_db_wait_ms,
+       storage_wait_ms = u.storage_wait_ms + %(storage_wait_ms)s + r.carried_storage_wait_ms,
+       cap_hits = u.cap_hits + %(cap_hits)s
+  FROM r WHERE NOT ({unless}) AND u.account_id = %(account_id)s AND u.queue = %(queue)s AND u.day = r.day
+RETURNING u.id"""
+
+
+DELETE_SLOT = (f"DELETE FROM {R} WHERE id = %(slot_id)s "
+               "RETURNING task_run_id, day, status, cpu_reserved_ms, cpu_charged_ms, id, carried_runs, carried_cpu_ms, "
+               "carried_wall_ms, carried_db_wait_ms, carried_storage_wait_ms, carried_since")
+RUN_OF_R = "(SELECT task_run_id FROM r)"
+
+# The settlement, no lock (it only frees): the slot deleted (exactly once: no row, nothing charged),
+# its run charged and recorded (`t`), and whether the account has work in line and whether any
+# account of the queue could go now (Backlog, by key and by index backlog_ready), and whether another
+# account's turn comes first (`others_ready`), read with it.
+SETTLE = (f"WITH r AS ({DELETE_SLOT}), c AS ({charge()}), t AS ({{run_end}}) "
+          f"SELECT r.task_run_id, r.status, {sql.in_line(account='%(account_id)s', queue='%(queue)s')}, "
+          f"{sql.any_ready()}, {others_ready()} FROM r")
+
+# What a pass-on keeps of the run's reservation for the next job: what it did not use, at most a step.
+KEPT = "LEAST(r.cpu_reserved_ms - %(cpu_ms)s, %(step_ms)s)"
+# When a settlement may pass its slot on (the composer's condition on its own `r`, given to the
+# kernel's claim): a run of today that reserved from the day and left at least half a step, no
+# pause, fewer running than the cap (an operator may have lowered it), no rate limit (decided under
+# the lock), no other account's line that could go (then the slot goes by the fair order: a pull),
+# no job waiting in the broker.
+PASS_ON_IF = f"""EXISTS (SELECT 1 FROM r WHERE r.status = {ACTIVE} AND r.day = %(today)s AND r.cpu_charged_ms = 0
+                      AND r.cpu_reserved_ms - %(cpu_ms)s >= %(keep_at_least)s)
+  AND NOT {sql.paused(account='%(account_id)s', queue='%(queue)s')}
+  AND {running(account='%(account_id)s', queue='%(queue)s', but='(SELECT id FROM r)')}
+      < (SELECT max_concurrent FROM {B} WHERE account_id = %(account_id)s AND queue = %(queue)s AND rate_starts IS NULL)
+  AND NOT {others_ready()}
+  AND NOT {broker_waiting()}"""
+
+# Carried charges: a pass-on whose run gives nothing back (what it did not use is all kept: at most
+# a step) and hit no cap charges nothing; the new slot carries the run's figures on, with what the
+# old one carried (`k`), for at most `carry_s` from the first (%(carry_since)s: the wall clock less
+# that; %(carry)s false: never). Their CPU stays in the day's reserved CPU until the slot's end
+# charges it as used (`charge`; the reclaim and an undone admission: budgets.ledger.portable), so
+# used + reserved CPU is what it would be charged at once, and the cap exact. Then the pass-on
+# writes none of the rows its account's other workers write too (its Budget, usage and Backlog rows).
+CARRY_IF = ("EXISTS (SELECT 1 FROM h) AND %(carry)s AND %(cap_hits)s = 0 "
+            "AND r.cpu_reserved_ms - %(cpu_ms)s <= %(step_ms)s "
+            "AND COALESCE(r.carried_since, %(created_at)s) > %(carry_since)s")
+_CARRIED_COLUMNS = ("carried_runs, carried_cpu_ms, carried_wall_ms, carried_db_wait_ms, carried_storage_wait_ms, "
+                    "carried_since")
+_CARRIED_ON = ("k.carry * (r.carried_runs + 1), k.carry * (r.carried_cpu_ms + %(cpu_ms)s), "
+               "k.carry * (r.carried_wall_ms + %(wall_ms)s), k.carry * (r.carried_db_wait_ms + %(db_wait_ms)s), "
+               "k.carry * (r.carried_storage_wait_ms + %(storage_wait_ms)s), "
+               "CASE WHEN k.carry = 1 THEN COALESCE(r.carried_since, %(created_at)s::timestamptz) END")
+
+# The settlement that passes its slot on, no lock: as SETTLE, and the first job of the account's
+# line claimed (`h`, the kernel's claim, on PASS_ON_IF), its slot inserted ACTIVE with KEPT of the
+# run's reservation and what it carries (`n`) and its run's record (`s`); `c` gives back only the
+# rest, or, carrying (`k`), charges nothing. Slots taken and running, and used + reserved CPU, never
+# grow (a slot goes, one comes; what is kept was reserved), so nothing it does can pass a cap an
+# admission under the lock checked. Reads as SETTLE, plus the first unclaimed rows of the account's
+# line (index deferred_line) and the queue's dispatched slots; carrying, the usage row's id by key.
+_CARRIES = "EXISTS (SELECT 1 FROM k WHERE carry = 1)"
+SETTLE_AND_PASS_ON = (
+    f"WITH r AS ({DELETE_SLOT}), h AS ({claim(only_if=PASS_ON_IF)}), "
+    f"k AS (SELECT CASE WHEN {CARRY_IF} THEN 1 ELSE 0 END AS carry FROM r), "
+    f"c AS ({charge(kept=f'CASE WHEN EXISTS (SELECT 1 FROM h) THEN {KEPT} ELSE 0 END', unless=_CARRIES)}), "
+    "t AS ({run_end}), s AS ({new_run}), "
+    f"n AS (INSERT INTO {R} ({SLOT_COLUMNS}, {_CARRIED_COLUMNS}) SELECT %(account_id)s::bigint, %(queue)s::varchar, "
+    f"r.day, h.job, h.ref, {ACTIVE}, %(slot_lease)s::timestamptz, %(created_at)s::timestamptz, %(worker)s::varchar, "
+    f"{KEPT}, 0, 0, (SELECT id FROM s), {_CARRIED_ON} FROM h, r, k "
+    "RETURNING job, ref, id, task_run_id, cpu_reserved_ms) "
+    f"SELECT r.task_run_id, r.status, {sql.in_line(account='%(account_id)s', queue='%(queue)s')}, {sql.any_ready()}, "
+    f"{others_ready()}, n.job, n.ref, n.id, n.task_run_id, n.cpu_reserved_ms, "
+    f"COALESCE((SELECT id FROM c), (SELECT x.id FROM {U} x WHERE x.account_id = %(account_id)s AND x.queue = %(queue)s "
+    "AND x.day = r.day)), (SELECT priority FROM h) "
+    "FROM r LEFT JOIN n ON TRUE")
