@@ -1,5 +1,5 @@
-"""The PostgreSQL ledger's statements (budgets.ledger.postgresql uses them), with named parameters.
-Times: `now` is the kernel's clock (scheduling.clock: the holding area's times, which tests may
+"""The PostgreSQL ledger's statements (budgets.ledger.postgresql uses them), with named parameters;
+the settlement's, which use the rules here, are budgets.ledger.settling's. Times: `now` is the kernel's clock (scheduling.clock: the holding area's times, which tests may
 shift), the slots' own times (`created_at`, leases) are the wall clock's.
 
 Each rule is one function here, used by every statement that needs it; the kernel's tables come
