@@ -74,7 +74,7 @@ def _give_back(slot: Reservation) -> bool:
         task_run_mark_not_started(run_id=run_id, reason="handed off to a worker that stopped before starting it")
         return True
     charge = _reclaim_charge(slot)
-    ledger().reclaim(slot_id=slot.pk, charge_ms=charge)
+    ledger().reclaim(slot=slot, charge_ms=charge)
     if slot.task_run_id:
         task_run_mark_lost(run_id=slot.task_run_id, cpu_ms=charge,
                            reason="the run stopped renewing its lease (its worker died)")

@@ -210,14 +210,14 @@ class Ledger(AccountReads):
         UsageDay.objects.filter(pk=usage_id).update(cpu_reserved_ms=F("cpu_reserved_ms") + ms)
         Reservation.objects.filter(pk=slot_id).update(cpu_reserved_ms=F("cpu_reserved_ms") + ms)
 
-    def reclaim(self, *, slot_id: int, charge_ms: int) -> None:
+    def reclaim(self, *, slot: Reservation, charge_ms: int) -> None:
         """ACTIVE -> RECLAIMED: a run whose lease expired (its worker died, or froze) is charged
         `charge_ms` (what it reported) and its slot and reservation are given back; if it turns
         out to be alive after all, its settlement charges only the rest. What the slot carried of
-        the runs it was passed on from is charged with it. Under the lock, the slot locked."""
-        slot = Reservation.objects.get(pk=slot_id)
+        the runs it was passed on from is charged with it. Under the lock, `slot` read with its row
+        locked."""
         _charge_day(slot, cpu_ms=charge_ms, reserved_ms=slot.cpu_reserved_ms, runs=1)
-        Reservation.objects.filter(pk=slot_id).update(status=ReservationStatus.RECLAIMED, cpu_charged_ms=charge_ms,
+        Reservation.objects.filter(pk=slot.pk).update(status=ReservationStatus.RECLAIMED, cpu_charged_ms=charge_ms,
                                                       **NOTHING_CARRIED)
 
     def revive(self, *, slot_id: int, account_id: int, queue: str, reserve_ms: int) -> int | None:

@@ -13,16 +13,18 @@ import json
 import re
 
 import pytest
-from django.db import connection
+from django.db import connection, transaction
 from django.test.utils import CaptureQueriesContext
 
 from budgets import clock as budget_clock
-from budgets.ledger import ledger, order, portable
+from budgets.ledger import PassOn, ledger, order, portable, postgresql
 from budgets.ledger import statements as s
 from budgets.models import Account, Budget, Reservation, ReservationStatus, UsageDay
 from scheduling import claims, clock, holding, sql
 from scheduling.envelope import Envelope
+from scheduling.metering import Meter
 from scheduling.models import Backlog, DeferReason, DeferredTask, Outcome, TaskRun
+from scheduling.services import RunEnd
 from tests.factories import AccountFactory
 
 pytestmark = pytest.mark.django_db
@@ -53,6 +55,8 @@ def rows_read(statement: str, params, tables=HELD_TABLES) -> dict[str, int]:
 
 
 def _pg_type(value) -> str:
+    if value is None:
+        return "unknown"  # PREPARE infers it from where the statement uses it
     for kind, name in ((bool, "boolean"), (int, "bigint"), (float, "float8"), (dt.datetime, "timestamptz"),
                        (dt.date, "date")):
         if isinstance(value, kind):
@@ -229,3 +233,43 @@ def test_a_rate_limits_window_reads_no_more_than_its_limit_of_history():
     assert read[TaskRun._meta.db_table] <= 2 * 50 + 4, read  # the count's 50 and the oldest-in-window's 50
     state = ledger().standing(account_id=account.pk, queue="default", day=budget_clock.budget_day())
     assert state.rate_full and state.recent_starts == 50 and state.rate_frees_at is not None
+
+
+def test_a_settlement_that_passes_its_slot_on_carrying_its_charge_reads_a_bounded_number_of_rows(
+        holding_area, monkeypatch):
+    """The pass-on (the settlement's one statement, budgets.ledger.settling) of a run of the capped
+    account, whose 9,000-long line is first in its own order: it claims the line's next job, and,
+    carrying the run's charge on, looks its usage row up by key among 10,000 accounts' instead of
+    charging it. What it reads from the holding area and the usage rows, as the ledger sends it."""
+    capped, today = holding_area["capped"], budget_clock.budget_day()
+    UsageDay.objects.bulk_create([UsageDay(account_id=pk, queue="default", day=today, cpu_used_ms=100_000)
+                                  for pk in Account.objects.exclude(pk=capped.pk).values_list("pk", flat=True)])
+    UsageDay.objects.create(account=capped, queue="default", day=today, cpu_reserved_ms=1000)
+    slot = Reservation.objects.get(account=capped)
+    Reservation.objects.filter(pk=slot.pk).update(status=ReservationStatus.ACTIVE, cpu_reserved_ms=1000, worker="w")
+    with connection.cursor() as cursor:
+        cursor.execute("ANALYZE")
+    tables = (*HELD_TABLES, UsageDay._meta.db_table)
+    reads, send = {}, postgresql._one
+
+    def explain_then_send(statement: str, params: dict):
+        if statement.startswith("WITH r AS (DELETE"):  # the settlement's, ahead of sending it
+            for plan, read_rows in (("custom", rows_read), ("generic", generic_rows_read)):
+                with transaction.atomic():  # EXPLAIN ANALYZE runs it: undone
+                    reads[plan] = read_rows(statement, params, tables)
+                    transaction.set_rollback(True)
+        return send(statement, params)
+
+    monkeypatch.setattr(postgresql, "_one", explain_then_send)
+    meter = Meter(cpu_ms=40, wall_ms=50)
+    charged = ledger().charge(slot_id=slot.pk, account_id=capped.pk, queue="default", meter=meter, cap_hit=False,
+                              end=RunEnd(meter=meter, outcome=Outcome.SUCCEEDED), now=clock.now(),
+                              pass_on=PassOn(worker="w", day=today, lease_s=30))
+
+    assert charged.passed.envelope.ref == "c-0"
+    assert Reservation.objects.get(account=capped).carried_runs == 1  # it carried the charge on
+    assert UsageDay.objects.get(account=capped).cpu_reserved_ms == 1000  # and wrote no usage row
+    for plan, read in reads.items():
+        # The line's first rows (one claimed), Backlog's ready lines, the usage row by key.
+        assert sum(read[t] for t in HELD_TABLES) <= 15 and read[UsageDay._meta.db_table] <= 2, (plan, read)
+    assert set(reads) == {"custom", "generic"}
