@@ -38,8 +38,11 @@ if psycopg is not None:
     _NEVER_AUTOMATICALLY = 2**31 - 1
 
     @functools.lru_cache(maxsize=128)
-    def _converted(query: bytes, encoding: str):
-        return _queries._query2pg_nocache(query, encoding)
+    def _converted(query: str | bytes, encoding: str):
+        """Keyed by the text as the caller gives it: a statement string reused from one task to the
+        next (budgets.ledger.postgresql composes each shape once) keeps its hash, where its bytes,
+        encoded anew for every execute, would be hashed anew too."""
+        return _queries._query2pg_nocache(query.encode(encoding) if isinstance(query, str) else query, encoding)
 
     class _CachedQuery(_queries.PostgresQuery):
         """psycopg turns a statement's named placeholders into PostgreSQL's `$n` on every execute,
@@ -51,8 +54,7 @@ if psycopg is not None:
         def convert(self, query, vars):
             if vars is None or not isinstance(query, (str, bytes)):
                 return super().convert(query, vars)
-            self.query, self._want_formats, self._order, self._parts = _converted(
-                self._ensure_bytes(query), self._tx.encoding)
+            self.query, self._want_formats, self._order, self._parts = _converted(query, self._tx.encoding)
             self.dump(vars)
 
     # psycopg's conversion is private: where a release changed it, its own (uncached) is used.

@@ -19,8 +19,16 @@ from scheduling.redaction import describe_error, redact
 
 
 def worker_id() -> str:
-    # Re-read the pid: django-q2 forks worker processes after this module may have been imported.
-    return f"{socket.gethostname()}:{os.getpid()}"
+    """This process's name for what it claims and runs ("host:pid"), made once per process: the
+    pid is read again each time (django-q2 forks worker processes after this module may have been
+    imported), the host name (a system call) only when the pid changed. Called several times per task."""
+    pid = os.getpid()
+    if _worker_id[0] != pid:
+        _worker_id[:] = [pid, f"{socket.gethostname()}:{pid}"]
+    return _worker_id[1]
+
+
+_worker_id: list = [None, ""]
 
 
 def task_run_new(*, job: str, queue: str, account_id: int | None, ref: str) -> TaskRun:

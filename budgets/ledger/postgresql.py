@@ -12,6 +12,7 @@ Three of them take no lock and still cannot pass a cap:
 Each transition's docstring is the portable ledger's; this module says only how it does it here.
 """
 import datetime as dt
+import functools
 
 from django.conf import settings
 from django.utils import timezone
@@ -33,6 +34,14 @@ from scheduling.services import RunEnd, task_run_end_sql, task_run_insert_sql
 # snapshot: again at once (a new snapshot sees that commit: the account's other worker admitting
 # at the same moment, most of the time), then it leaves the job to the lock.
 AT_ONCE_TRIES = 2
+
+
+@functools.cache
+def _composed(template: str, **parts: str) -> str:
+    """A statement of this module: a template of budgets.ledger's with the kernel's SQL for its
+    parts (a run's insert and end, a claim), composed once per shape and then the same string
+    object, whose hash and conversion the cursor keeps (the pass-on's is 8 KB, sent for each task)."""
+    return template.format(**parts)
 
 
 def _one(statement: str, params: dict) -> tuple | None:
@@ -82,7 +91,7 @@ class Ledger(portable.Ledger):
     def admit_at_once(self, *, envelope: Envelope, queue: str, day: dt.date, reserve_ms: int, run: TaskRun,
                       worker: str) -> AdmittedAtOnce:
         run_sql, run_params = task_run_insert_sql(run, source="u")
-        statement = s.ADMIT_AT_ONCE.format(run=run_sql)
+        statement = _composed(s.ADMIT_AT_ONCE, run=run_sql)
         params = db.params(run_params, {
             "account_id": envelope.account, "queue": queue, "job": envelope.job, "ref": envelope.ref, "day": day,
             "reserve_ms": reserve_ms, "worker": worker, "lease": standing.run_lease_expiry()})
@@ -125,7 +134,7 @@ class Ledger(portable.Ledger):
             "storage_wait_ms": round(meter.storage_wait_ms), "cap_hits": 1 if cap_hit else 0, "now": now})
         if pass_on is not None:
             return self._charge_and_pass_on(params, run_end_sql, pass_on)
-        row = _one(settling.SETTLE.format(run_end=run_end_sql), params)
+        row = _one(_composed(settling.SETTLE, run_end=run_end_sql), params)
         if row is None:
             return None
         task_run_id, status, in_line, waiting, others_waiting = row
@@ -143,7 +152,7 @@ class Ledger(portable.Ledger):
             "claim_expires_at": now + dt.timedelta(seconds=pass_on.lease_s), **_broker_window(),
             "slot_lease": wall_now + dt.timedelta(seconds=pass_on.lease_s), "created_at": wall_now,
             "carry": carry_s > 0, "carry_since": wall_now - dt.timedelta(seconds=carry_s)})
-        row = _one(settling.SETTLE_AND_PASS_ON.format(run_end=run_end_sql, new_run=new_run_sql), params)
+        row = _one(_composed(settling.SETTLE_AND_PASS_ON, run_end=run_end_sql, new_run=new_run_sql), params)
         if row is None:
             return None
         task_run_id, status, in_line, waiting, others_waiting, job, ref, slot_id, run.pk, reserved_ms, usage_id, \
@@ -166,7 +175,7 @@ class Ledger(portable.Ledger):
     def claim_for(self, *, account_id: int, queue: str, day: dt.date, worker: str,
                   yield_to_broker: bool) -> Claimed | None:
         claim = s.claim(only_if=f"NOT {s.broker_waiting()}" if yield_to_broker else "TRUE")
-        row = _one(s.CLAIM_FOR.format(claim=claim),
+        row = _one(_composed(s.CLAIM_FOR, claim=claim),
                    self._claim_params(account_id=account_id, queue=queue, day=day, worker=worker))
         if row is None:
             return None
@@ -181,7 +190,7 @@ class Ledger(portable.Ledger):
         usage_id = self.usage_id(state, account_id=account_id, queue=queue, day=day)
         params = db.params(new_run_params, self._claim_params(account_id=account_id, queue=queue, day=day, worker=worker),
                            {"usage_id": usage_id, "reserve_ms": reserve_ms})
-        row = _one(s.CLAIM_AND_ADMIT.format(claim=claim, new_run=new_run_sql), params)
+        row = _one(_composed(s.CLAIM_AND_ADMIT, claim=claim, new_run=new_run_sql), params)
         if row is None:
             return None
         job, ref, slot_id, run.pk, priority = row
