@@ -81,6 +81,9 @@ class Ledger(portable.Ledger):
             cursor.execute(s.READY_ACCOUNTS, {"queue": queue, "limit": limit})
             return [Ready(account_id, queue, share) for account_id, share in cursor.fetchall()]
 
+    def broker_waiting(self, *, queue: str) -> bool:
+        return _one(s.BROKER_WAITING, {"queue": queue, **_broker_window()})[0]
+
     def dispatch_or_hold(self, *, envelope: Envelope, queue: str, day: dt.date) -> bool | None:
         row = _one(s.DISPATCH_OR_HOLD, {
             "account_id": envelope.account, "queue": queue, "day": day, "job": envelope.job, "ref": envelope.ref,
@@ -174,7 +177,7 @@ class Ledger(portable.Ledger):
 
     def claim_for(self, *, account_id: int, queue: str, day: dt.date, worker: str,
                   yield_to_broker: bool) -> Claimed | None:
-        claim = s.claim(only_if=f"NOT {s.broker_waiting()}" if yield_to_broker else "TRUE")
+        claim = _CLAIM_YIELDING if yield_to_broker else _CLAIM
         row = _one(_composed(s.CLAIM_FOR, claim=claim),
                    self._claim_params(account_id=account_id, queue=queue, day=day, worker=worker))
         if row is None:
@@ -184,7 +187,7 @@ class Ledger(portable.Ledger):
 
     def claim_and_admit(self, *, account_id: int, queue: str, state: Standing, day: dt.date, worker: str,
                         reserve_ms: int, yield_to_broker: bool) -> Claimed | None:
-        claim = s.claim(only_if=f"NOT {s.broker_waiting()}" if yield_to_broker else "TRUE")
+        claim = _CLAIM_YIELDING if yield_to_broker else _CLAIM
         run = TaskRun(account_id=account_id, queue=queue, worker=worker)
         new_run_sql, new_run_params = task_run_insert_sql(run, source="c", taken={"job": "c.job", "ref": "c.ref"})
         usage_id = self.usage_id(state, account_id=account_id, queue=queue, day=day)
@@ -204,6 +207,10 @@ class Ledger(portable.Ledger):
 
     def reserve_if_left(self, *, slot_id: int, usage_id: int, ms: int) -> bool:
         return _one(s.RESERVE_IF_LEFT, {"slot_id": slot_id, "usage_id": usage_id, "ms": ms}) is not None
+
+
+# A hand-off's claim, and the same unless a job sent to the broker waits for a worker.
+_CLAIM, _CLAIM_YIELDING = s.claim(), s.claim(only_if=f"NOT {s.broker_waiting()}")
 
 
 def _queues() -> list[str]:

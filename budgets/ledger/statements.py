@@ -220,6 +220,10 @@ WITH u AS (UPDATE {U} u SET cpu_reserved_ms = u.cpu_reserved_ms + %(ms)s FROM {B
 UPDATE {R} SET cpu_reserved_ms = cpu_reserved_ms + %(ms)s WHERE id = %(slot_id)s AND EXISTS (SELECT 1 FROM u)
 RETURNING 1"""
 
+# budgets.ledger.order's broker_waiting, a prepared statement (asked by every hand-off, release
+# and pull): the queue's dispatched slots sent in the broker window (index reservation_age).
+BROKER_WAITING = f"SELECT {broker_waiting()}"
+
 # Accounts whose line on the queue could go now and that have a free slot, in fair order (the
 # scheduling order's first half: docs/architecture.md): fewest slots in use for their weight first,
 # then the one whose first held job has waited longest in line. Reads the Backlog of the accounts

@@ -166,7 +166,7 @@ def test_each_question_about_held_work_reads_a_bounded_number_of_rows(holding_ar
         "standing": (s.STANDING, {"account_id": capped.pk, "queue": "default", "day": budget_clock.budget_day(),
                                   "job": "", "ref": "", "claimant": None, "now": now, "wall_now": now}),
         # "Is a job sent to the broker waiting for a worker" (every enqueue, pass-on and release).
-        "broker's question": ("SELECT " + s.broker_waiting(), broker),
+        "broker's question": (s.BROKER_WAITING, broker),
         # The enqueue check's common case for an account with a free slot and a job in line: the
         # new job joins the line behind it, while a job waits in the broker.
         "enqueue check": (s.DISPATCH_OR_HOLD, {**broker, "account_id": light.pk, "day": budget_clock.budget_day(),
