@@ -83,7 +83,16 @@ _CARRIED_ON = ("k.carry * (r.carried_runs + 1), k.carry * (r.carried_cpu_ms + %(
 # grow (a slot goes, one comes; what is kept was reserved), so nothing it does can pass a cap an
 # admission under the lock checked. Reads as SETTLE, plus the first unclaimed rows of the account's
 # line (index deferred_line) and the queue's dispatched slots; carrying, the usage row's id by key.
+# What SETTLE reads of the holding area after its charge (the settling worker's next step) it reads
+# only when the slot was not passed on (`_UNLESS_PASSED`: PostgreSQL runs a sub-select of a CASE
+# branch not taken not at all), which is what a pass-on's caller then needs.
 _CARRIES = "EXISTS (SELECT 1 FROM k WHERE carry = 1)"
+
+
+def _unless_passed(question: str) -> str:
+    return f"CASE WHEN n.id IS NULL THEN {question} ELSE FALSE END"
+
+
 SETTLE_AND_PASS_ON = (
     f"WITH r AS ({DELETE_SLOT}), h AS ({claim(only_if=PASS_ON_IF)}), "
     f"k AS (SELECT CASE WHEN {CARRY_IF} THEN 1 ELSE 0 END AS carry FROM r), "
@@ -93,8 +102,9 @@ SETTLE_AND_PASS_ON = (
     f"r.day, h.job, h.ref, {ACTIVE}, %(slot_lease)s::timestamptz, %(created_at)s::timestamptz, %(worker)s::varchar, "
     f"{KEPT}, 0, 0, (SELECT id FROM s), {_CARRIED_ON} FROM h, r, k "
     "RETURNING job, ref, id, task_run_id, cpu_reserved_ms) "
-    f"SELECT r.task_run_id, r.status, {sql.in_line(account='%(account_id)s', queue='%(queue)s')}, {sql.any_ready()}, "
-    f"{others_ready()}, n.job, n.ref, n.id, n.task_run_id, n.cpu_reserved_ms, "
+    f"SELECT r.task_run_id, r.status, {_unless_passed(sql.in_line(account='%(account_id)s', queue='%(queue)s'))}, "
+    f"{_unless_passed(sql.any_ready())}, {_unless_passed(others_ready())}, n.job, n.ref, n.id, n.task_run_id, "
+    "n.cpu_reserved_ms, "
     f"COALESCE((SELECT id FROM c), (SELECT x.id FROM {U} x WHERE x.account_id = %(account_id)s AND x.queue = %(queue)s "
     "AND x.day = r.day)), (SELECT priority FROM h) "
     "FROM r LEFT JOIN n ON TRUE")

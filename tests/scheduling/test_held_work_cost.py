@@ -272,4 +272,7 @@ def test_a_settlement_that_passes_its_slot_on_carrying_its_charge_reads_a_bounde
     for plan, read in reads.items():
         # The line's first rows (one claimed), Backlog's ready lines, the usage row by key.
         assert sum(read[t] for t in HELD_TABLES) <= 15 and read[UsageDay._meta.db_table] <= 2, (plan, read)
+        # Backlog only for the pass-on's own question (another account's turn?): what a settlement
+        # that did not pass on reads after its charge (8 rows here) is not read.
+        assert read[Backlog._meta.db_table] <= 4, (plan, read)
     assert set(reads) == {"custom", "generic"}
