@@ -18,6 +18,9 @@ from scheduling.models import Outcome, TaskRun, TaskRunDaily, WorkerHeartbeat
 from scheduling.redaction import describe_error, redact
 
 
+_worker_id: list = [None, ""]  # [the pid it was made in, "host:pid"]
+
+
 def worker_id() -> str:
     """This process's name for what it claims and runs ("host:pid"), made once per process: the
     pid is read again each time (django-q2 forks worker processes after this module may have been
@@ -26,9 +29,6 @@ def worker_id() -> str:
     if _worker_id[0] != pid:
         _worker_id[:] = [pid, f"{socket.gethostname()}:{pid}"]
     return _worker_id[1]
-
-
-_worker_id: list = [None, ""]
 
 
 def task_run_new(*, job: str, queue: str, account_id: int | None, ref: str) -> TaskRun:

@@ -84,7 +84,7 @@ _CARRIED_ON = ("k.carry * (r.carried_runs + 1), k.carry * (r.carried_cpu_ms + %(
 # admission under the lock checked. Reads as SETTLE, plus the first unclaimed rows of the account's
 # line (index deferred_line) and the queue's dispatched slots; carrying, the usage row's id by key.
 # What SETTLE reads of the holding area after its charge (the settling worker's next step) it reads
-# only when the slot was not passed on (`_UNLESS_PASSED`: PostgreSQL runs a sub-select of a CASE
+# only when the slot was not passed on (`_unless_passed`: PostgreSQL runs a sub-select of a CASE
 # branch not taken not at all), which is what a pass-on's caller then needs.
 _CARRIES = "EXISTS (SELECT 1 FROM k WHERE carry = 1)"
 
