@@ -39,9 +39,9 @@ if psycopg is not None:
 
     @functools.lru_cache(maxsize=128)
     def _converted(query: str | bytes, encoding: str):
-        """Keyed by the text as the caller gives it: a statement string reused from one task to the
-        next (budgets.ledger.postgresql composes each shape once) keeps its hash, where its bytes,
-        encoded anew for every execute, would be hashed anew too."""
+        """Keyed by the text as the caller gives it: a caller that sends the same string object
+        from one task to the next has its hash computed once, where its bytes, encoded anew for
+        every execute, would be hashed anew too."""
         return _queries._query2pg_nocache(query.encode(encoding) if isinstance(query, str) else query, encoding)
 
     class _CachedQuery(_queries.PostgresQuery):
