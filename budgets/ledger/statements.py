@@ -70,10 +70,10 @@ def others_ready() -> str:
     (the settling account), queue."""
     mine_after = (f"(({slots(account='%(account_id)s', queue='%(queue)s')} - 1)::float / "
                   f"(SELECT weight FROM {B} WHERE account_id = %(account_id)s AND queue = %(queue)s))")
-    return (f"EXISTS (SELECT 1 FROM ({sql.ready_accounts()}) k JOIN {B} b ON b.account_id = k.account_id "
+    return (f"EXISTS (SELECT 1 FROM ({sql.ready_accounts()}) k LEFT JOIN {B} b ON b.account_id = k.account_id "
             "AND b.queue = %(queue)s WHERE k.account_id <> %(account_id)s "
-            f"AND {slots(account='k.account_id', queue='%(queue)s')} < b.max_concurrent "
-            f"AND {slots(account='k.account_id', queue='%(queue)s')}::float / b.weight < {mine_after})")
+            f"AND {slots(account='k.account_id', queue='%(queue)s')} < COALESCE(b.max_concurrent, 1) "
+            f"AND {slots(account='k.account_id', queue='%(queue)s')}::float / COALESCE(b.weight, 1) < {mine_after})")
 
 
 # --- The statements -------------------------------------------------------------------------------
@@ -228,12 +228,14 @@ BROKER_WAITING = f"SELECT {broker_waiting()}"
 # scheduling order's first half: docs/architecture.md): fewest slots in use for their weight first,
 # then the one whose first held job has waited longest in line. Reads the Backlog of the accounts
 # whose line could go now (index backlog_ready), their Budget, slots and first held job:
-# O(accounts that could run), whatever is held.
+# O(accounts that could run), whatever is held. An account whose plan's Budget row on the queue is
+# not made yet (a brand-new account's work held for a time: the row is made under its lock, which
+# the release takes: budgets.locks.lock) counts as one free slot of weight 1 until then.
 READY_ACCOUNTS = f"""
 SELECT c.account_id, c.in_flight::float / c.weight FROM (
-  SELECT k.account_id, k.head_since, b.max_concurrent, b.weight,
+  SELECT k.account_id, k.head_since, COALESCE(b.max_concurrent, 1) AS max_concurrent, COALESCE(b.weight, 1) AS weight,
          {slots(account='k.account_id', queue='%(queue)s')} AS in_flight
-    FROM ({sql.ready_accounts()}) k JOIN {B} b ON b.account_id = k.account_id AND b.queue = %(queue)s) c
+    FROM ({sql.ready_accounts()}) k LEFT JOIN {B} b ON b.account_id = k.account_id AND b.queue = %(queue)s) c
  WHERE c.in_flight < c.max_concurrent
  ORDER BY c.in_flight::float / c.weight, c.head_since
  LIMIT %(limit)s"""

@@ -36,6 +36,24 @@ def test_work_enqueued_to_run_later_waits_scheduled_until_then_and_then_goes(
     assert Reservation.objects.filter(ref="later").exists()  # released into a free slot
 
 
+@pytest.mark.parametrize("queue", ["default", "exports"])
+def test_work_of_a_brand_new_account_held_for_a_time_goes_at_that_time(
+        account, settings, django_capture_on_commit_callbacks, queue):
+    # No Budget row yet on any queue: its plan's rows are made under its lock, which the release
+    # takes; the release must find its line all the same.
+    assert not Budget.objects.filter(account=account).exists()
+    later = clock.now() + dt.timedelta(seconds=2)
+    job = "tests.noop" if queue == "default" else "tests.hold_exports_worker"
+    enqueue(job=job, account=account.pk, ref="new-account", run_after=later)
+
+    settings.FAIRSHARE = {**settings.FAIRSHARE, "CLOCK_OFFSET_S": 3}
+    with django_capture_on_commit_callbacks(execute=True):
+        assert release_due() == 1
+    assert not DeferredTask.objects.exists() and OrmQ.objects.count() == 1
+    assert Reservation.objects.filter(ref="new-account", queue=queue).exists()
+    assert Budget.objects.filter(account=account, queue=queue).exists()  # its plan's defaults, made then
+
+
 def test_a_run_after_that_has_passed_is_sent_at_once(account):
     Budget.objects.create(account=account, queue="default", cpu_seconds_per_day=100, max_concurrent=2)
 

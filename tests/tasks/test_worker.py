@@ -151,6 +151,17 @@ def test_run_after_holds_the_call_until_then(account, budget, workers):
     assert result.status == TaskResultStatus.SUCCESSFUL and result.started_at >= run_after
 
 
+def test_run_after_of_a_brand_new_account_runs_at_its_time(account, workers):
+    # No Budget row yet: the plan's rows are made when its work is first admitted or released.
+    assert not Budget.objects.filter(account=account).exists()
+    cluster = workers()
+    run_after = timezone.now() + dt.timedelta(seconds=2)
+    result = f.meaning_of_life.using(run_after=run_after).enqueue(account=account)
+    finished(result, cluster)
+    assert result.status == TaskResultStatus.SUCCESSFUL and result.started_at >= run_after
+    assert result.started_at - run_after < dt.timedelta(seconds=WAIT_S / 2)
+
+
 def test_priority_orders_an_accounts_waiting_calls(account, workers):
     Budget.objects.create(account=account, queue="default", cpu_seconds_per_day=3600, max_concurrent=1)
     blocker = f.sleep_for.enqueue(1.0, account=account)  # takes the account's one slot
