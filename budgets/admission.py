@@ -10,7 +10,8 @@ from django.db.models import F
 
 from budgets import clock, standing
 from budgets.handoff import release_if_ready
-from budgets.ledger import Claimed, ledger
+from budgets import ledger
+from budgets.ledger import Claimed
 from budgets.locks import lock, locked_standing
 from budgets.models import UsageDay
 from budgets.standing import Standing
@@ -49,13 +50,13 @@ def admit_at_enqueue(*, envelope: Envelope, queue: str) -> bool:
     """
     now = clock.now()
     day = clock.budget_day(now)
-    decided = ledger().dispatch_or_hold(envelope=envelope, queue=queue, day=day)
+    decided = ledger.dispatch_or_hold(envelope=envelope, queue=queue, day=day)
     if decided is not None:
         return decided
     with transaction.atomic():
         state = locked_standing(account_id=envelope.account, queue=queue, day=day, envelope=envelope)
         if state.own_slot is not None:
-            ledger().redispatch(slot_id=state.own_slot)
+            ledger.redispatch(slot_id=state.own_slot)
             return True
         if state.unreserved_ms <= 0:
             reason, eligible_at = standing.out_of_budget(state, now)
@@ -65,10 +66,10 @@ def admit_at_enqueue(*, envelope: Envelope, queue: str) -> bool:
             reason, eligible_at = standing.rate_wait(state, now)
         elif state.free_slots <= 0:
             reason, eligible_at = DeferReason.CONCURRENCY_CAP, now
-        elif ledger().broker_waiting(queue=queue):
+        elif ledger.broker_waiting(queue=queue):
             reason, eligible_at = DeferReason.WORKERS_BUSY, now
         else:
-            ledger().dispatch(envelope=envelope, queue=queue, day=day)
+            ledger.dispatch(envelope=envelope, queue=queue, day=day)
             return True
         hold_counted(envelope=envelope, queue=queue, state=state, day=day, reason=reason, eligible_at=eligible_at)
     return False
@@ -76,7 +77,7 @@ def admit_at_enqueue(*, envelope: Envelope, queue: str) -> bool:
 
 def undispatch(*, envelope: Envelope, queue: str) -> None:
     """The job could not be sent after all (the broker refused it): give its slot back."""
-    ledger().undispatch(envelope=envelope, queue=queue)
+    ledger.undispatch(envelope=envelope, queue=queue)
 
 
 def admit(*, envelope: Envelope, queue: str, estimate_ms: int, worker: str, claimant: str | None = None,
@@ -95,7 +96,7 @@ def admit(*, envelope: Envelope, queue: str, estimate_ms: int, worker: str, clai
     """
     if claimant is None and run is not None and run.pk is None:
         reserve_ms = standing.step_ms(estimate_ms)
-        at_once = ledger().admit_at_once(envelope=envelope, queue=queue, day=clock.budget_day(),
+        at_once = ledger.admit_at_once(envelope=envelope, queue=queue, day=clock.budget_day(),
                                          reserve_ms=reserve_ms, run=run, worker=worker)
         if at_once.slot_id is not None:
             return Admission(at_once.slot_id, allowance_ms=reserve_ms, paused=at_once.paused)
@@ -107,12 +108,12 @@ def admit(*, envelope: Envelope, queue: str, estimate_ms: int, worker: str, clai
         own = state.own_slot
         if claimant is not None and not state.claimed:
             if own is not None:
-                ledger().drop(slot_id=own)  # its slot, if the reclaim has not taken it
+                ledger.drop(slot_id=own)  # its slot, if the reclaim has not taken it
             return Admission(None)
         refused = _refusal(state, now)
         if refused is not None:
             if own is not None:
-                ledger().drop(slot_id=own)
+                ledger.drop(slot_id=own)
             reason, eligible_at = refused
             hold_counted(envelope=envelope, queue=queue, state=state, day=day, reason=reason, eligible_at=eligible_at)
             return Admission(None, reason, eligible_at)
@@ -122,7 +123,7 @@ def admit(*, envelope: Envelope, queue: str, estimate_ms: int, worker: str, clai
         # never overlap more than its concurrency cap allows.
         if run is not None and run.pk is not None:
             task_run_mark_started(run=run)
-        slot_id = ledger().activate(envelope=envelope, queue=queue, state=state, day=day, own=own,
+        slot_id = ledger.activate(envelope=envelope, queue=queue, state=state, day=day, own=own,
                                     reserve_ms=reserve_ms, run=run, worker=worker, claimant=claimant)
     return Admission(slot_id, allowance_ms=reserve_ms, paused=state.paused)
 
@@ -144,11 +145,11 @@ def start_admitted(*, claimed: Claimed, queue: str, worker: str) -> Admission:
     """A job handed off with its admission made ahead (budgets.handoff) starts: its claim completes
     and its slot becomes a running one. When the claim or the slot was lost meanwhile (held
     again, or reclaimed) the admission is undone and the job does not run here (reason None)."""
-    if ledger().start_admitted(slot_id=claimed.slot_id, envelope=claimed.envelope, worker=worker):
+    if ledger.start_admitted(slot_id=claimed.slot_id, envelope=claimed.envelope, worker=worker):
         return Admission(claimed.slot_id, allowance_ms=claimed.reserved_ms)
     with transaction.atomic():
         lock(account_id=claimed.envelope.account, queue=queue)
-        ledger().unadmit(slot_id=claimed.slot_id, account_id=claimed.envelope.account, queue=queue)
+        ledger.unadmit(slot_id=claimed.slot_id, account_id=claimed.envelope.account, queue=queue)
     return Admission(None)
 
 
@@ -157,7 +158,7 @@ def hold_counted(*, envelope: Envelope, queue: str, state: Standing, day: dt.dat
     """Under the lock: put the job on hold, count the deferral on the account's day, and once the
     hold committed look whether what it waits for came meanwhile (`wake_when_committed`)."""
     hold_and_wake(envelope=envelope, queue=queue, reason=reason, eligible_at=eligible_at)
-    usage_id = ledger().usage_id(state, account_id=envelope.account, queue=queue, day=day)
+    usage_id = ledger.usage_id(state, account_id=envelope.account, queue=queue, day=day)
     UsageDay.objects.filter(pk=usage_id).update(deferrals=F("deferrals") + 1)
 
 

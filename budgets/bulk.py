@@ -15,7 +15,7 @@ from django.db.models import F
 
 from budgets import clock, standing
 from budgets.admission import wake_when_committed
-from budgets.ledger import ledger
+from budgets import ledger
 from budgets.locks import locked_standing
 from budgets.models import UsageDay
 from budgets.standing import Standing
@@ -38,10 +38,10 @@ def admit_many_at_enqueue(*, envelopes: list[Envelope], queue: str) -> list[bool
             free = 0 if state.unreserved_ms <= 0 or state.in_line else max(0, state.free_slots)
             fits = free if state.starts_left is None else min(free, state.starts_left)
             rate_bound = fits < free  # the rate limit, not the slots, stopped the batch
-            busy = fits > 0 and ledger().broker_waiting(queue=queue)  # every worker busy: all of it waits in line
+            busy = fits > 0 and ledger.broker_waiting(queue=queue)  # every worker busy: all of it waits in line
             fits = 0 if busy else fits
             go, wait = indexes[:fits], indexes[fits:]
-            ledger().dispatch_many(envelopes=[envelopes[i] for i in go], queue=queue, day=day)
+            ledger.dispatch_many(envelopes=[envelopes[i] for i in go], queue=queue, day=day)
             for i in go:
                 verdicts[i] = True
             if wait:
@@ -67,5 +67,5 @@ def _hold(state: Standing, envelopes: list[Envelope], *, account_id: int, queue:
             else reason
         hold_many(envelopes=envelopes[1:], queue=queue, reason=behind, eligible_at=eligible_at)
     wake_when_committed(account_id=account_id, queue=queue, reason=reason, eligible_at=eligible_at)
-    usage_id = ledger().usage_id(state, account_id=account_id, queue=queue, day=day)
+    usage_id = ledger.usage_id(state, account_id=account_id, queue=queue, day=day)
     UsageDay.objects.filter(pk=usage_id).update(deferrals=F("deferrals") + len(envelopes))

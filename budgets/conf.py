@@ -47,10 +47,6 @@ SETTINGS = (
     Setting("DISPATCH_LEASE_S", "FAIRSHARE_DISPATCH_LEASE", 300, parse=int, unit="s",
             doc="a job sent to the broker holds one of its account's slots until it starts; a message "
                 "lost for this long gives the slot back"),
-    Setting("LEDGER", "FAIRSHARE_LEDGER", "", shown_default="by database",
-            doc="the ledger backend, a dotted path (`budgets.ledger.postgresql.Ledger`, "
-                "`budgets.ledger.portable.Ledger`); unset: the PostgreSQL one on PostgreSQL, the portable one "
-                "elsewhere"),
     Setting("METRICS_ACCOUNTS", "FAIRSHARE_METRICS_ACCOUNTS", 100, parse=int,
             doc="`/metrics` reports the budget gauges of this many accounts, those that used the most CPU today; "
                 "0: of every account"),

@@ -27,8 +27,8 @@ from dataclasses import replace
 from django.db import transaction
 
 from budgets import clock, standing
-from budgets.ledger import Claimed, ledger
-from budgets.ledger.order import let_go
+from budgets import ledger
+from budgets.ledger import Claimed
 from budgets.locks import locked_standing
 from budgets.standing import Standing
 from scheduling import holding
@@ -54,10 +54,10 @@ def release(*, account_id: int, queue: str, state: Standing, day: dt.date, limit
     if n <= 0:
         hold_up(account_id=account_id, queue=queue, state=state)
         return 0
-    if not for_idle_worker and ledger().broker_waiting(queue=queue):
+    if not for_idle_worker and ledger.broker_waiting(queue=queue):
         return 0
-    released = holding.release_first(account_id=account_id, queue=queue, limit=n, let_go=let_go())
-    ledger().dispatch_many(envelopes=[Envelope(job=held.job, account=account_id, ref=held.ref, priority=held.priority)
+    released = holding.release_first(account_id=account_id, queue=queue, limit=n, let_go=ledger.let_go())
+    ledger.dispatch_many(envelopes=[Envelope(job=held.job, account=account_id, ref=held.ref, priority=held.priority)
                                       for held in released], queue=queue, day=day)
     return len(released)
 
@@ -89,7 +89,7 @@ def release_locked(*, account_id: int, queue: str, limit: int | None = None, for
 def release_if_ready(*, account_id: int, queue: str) -> int:
     """A look made after a commit (a hold's, a settlement's): when the account's standing, read
     without the lock, lets held work go, release it under the lock. Returns how many went."""
-    state = ledger().standing(account_id=account_id, queue=queue, day=clock.budget_day())
+    state = ledger.standing(account_id=account_id, queue=queue, day=clock.budget_day())
     if state is None or not standing.releasable(state):
         return 0
     return release_locked(account_id=account_id, queue=queue)
@@ -99,7 +99,7 @@ def release_next(*, queue: str) -> int:
     """A freed slot whose worker goes back to the broker while several accounts wait: the next job
     of the account whose turn it is (the fair order) goes to the broker, not the settling account's
     (which would keep each worker on its account). Outside a transaction. Returns how many went."""
-    for ready in ledger().ready_accounts(queue=queue, limit=PULL_CANDIDATES):
+    for ready in ledger.ready_accounts(queue=queue, limit=PULL_CANDIDATES):
         if release_locked(account_id=ready.account_id, queue=queue, limit=1):
             return 1
     return 0
@@ -113,12 +113,12 @@ def release_due(*, idle_workers: dict[str, int] | None = None) -> int:
     order it was sent). Returns how many jobs went."""
     if idle_workers is None:
         return sum(release_locked(account_id=ready.account_id, queue=ready.queue)
-                   for ready in ledger().ready_accounts(queue=None, limit=RELEASE_BATCH))
+                   for ready in ledger.ready_accounts(queue=None, limit=RELEASE_BATCH))
     sent = 0
     for queue, idle in idle_workers.items():
         if idle > 0:
             sent += sum(release_locked(account_id=ready.account_id, queue=queue, limit=1, for_idle_worker=True)
-                        for ready in ledger().ready_accounts(queue=queue, limit=idle))
+                        for ready in ledger.ready_accounts(queue=queue, limit=idle))
     return sent
 
 
@@ -140,18 +140,18 @@ def hand_off(*, account_id: int, queue: str, state: Standing, day: dt.date, work
         hold_up(account_id=account_id, queue=queue, state=state)
         return None
     if not state.may_start:
-        return ledger().claim_for(account_id=account_id, queue=queue, day=day, worker=worker,
+        return ledger.claim_for(account_id=account_id, queue=queue, day=day, worker=worker,
                                   yield_to_broker=yield_to_broker)
     # A step (what the claim statement can know); a job that estimates more reserves the rest
     # once the claim says which job it is.
     step_ms = standing.first_reservation_ms(state, 0)
-    claimed = ledger().claim_and_admit(account_id=account_id, queue=queue, state=state, day=day, worker=worker,
+    claimed = ledger.claim_and_admit(account_id=account_id, queue=queue, state=state, day=day, worker=worker,
                                        reserve_ms=step_ms, yield_to_broker=yield_to_broker)
     if claimed is None:
         return None
     more = standing.first_reservation_ms(state, get_job(claimed.envelope.job).cpu_estimate_ms) - step_ms
     if more > 0:
-        ledger().reserve_more(slot_id=claimed.slot_id, usage_id=claimed.usage_id, ms=more)
+        ledger.reserve_more(slot_id=claimed.slot_id, usage_id=claimed.usage_id, ms=more)
         claimed = replace(claimed, reserved_ms=claimed.reserved_ms + more)
     return claimed
 
@@ -161,7 +161,7 @@ def passed_on(claimed: Claimed) -> Claimed:
     estimates more than the slot kept reserves the rest when its account has that much left (else
     its watcher asks as it runs)."""
     more = get_job(claimed.envelope.job).cpu_estimate_ms - claimed.reserved_ms
-    if more > 0 and ledger().reserve_if_left(slot_id=claimed.slot_id, usage_id=claimed.usage_id, ms=more):
+    if more > 0 and ledger.reserve_if_left(slot_id=claimed.slot_id, usage_id=claimed.usage_id, ms=more):
         return replace(claimed, reserved_ms=claimed.reserved_ms + more)
     return claimed
 
@@ -173,19 +173,19 @@ def pull(*, queue: str, worker: str) -> Claimed | None:
     The order is read before the lock: a candidate whose share (slots per weight) grew past the
     next one's meanwhile (another worker pulled it) is passed over for the next, so that workers
     pulling at once spread over the accounts instead of piling onto the one that was first."""
-    if ledger().broker_waiting(queue=queue):
+    if ledger.broker_waiting(queue=queue):
         return None
     day = clock.budget_day()
-    candidates = ledger().ready_accounts(queue=queue, limit=PULL_CANDIDATES)
+    candidates = ledger.ready_accounts(queue=queue, limit=PULL_CANDIDATES)
     for ready, after in zip(candidates, [*candidates[1:], None]):
         with transaction.atomic():
             # It waits for the lock (a settlement or an admission: one short statement) and then
             # reads the standing: skipping a locked account would pass over the busiest account,
             # whose lock is taken most often, whatever its weight (the light account of weights
             # 1 : 3 took half the workers that way).
-            if not ledger().lock(account_id=ready.account_id, queue=queue):
+            if not ledger.lock(account_id=ready.account_id, queue=queue):
                 continue
-            state = ledger().standing(account_id=ready.account_id, queue=queue, day=day)
+            state = ledger.standing(account_id=ready.account_id, queue=queue, day=day)
             if after is not None and state.in_flight / state.weight > after.share:
                 continue
             claimed = hand_off(account_id=ready.account_id, queue=queue, state=state, day=day, worker=worker,

@@ -3,7 +3,7 @@ standing read under it. Call these inside a transaction: the lock is held until 
 import datetime as dt
 from dataclasses import replace
 
-from budgets.ledger import ledger
+from budgets import ledger
 from budgets.models import Account, Budget
 from budgets.plans import budgets_ensure_defaults
 from budgets.standing import Standing
@@ -13,9 +13,9 @@ from scheduling.holding import unblock
 
 def lock(*, account_id: int, queue: str) -> None:
     """Take the account's lock on the queue, creating its plan's budgets if it has none yet."""
-    if not ledger().lock(account_id=account_id, queue=queue):
+    if not ledger.lock(account_id=account_id, queue=queue):
         budgets_ensure_defaults(account=Account.objects.get(pk=account_id))
-        if not ledger().lock(account_id=account_id, queue=queue):
+        if not ledger.lock(account_id=account_id, queue=queue):
             raise Budget.DoesNotExist(f"account {account_id} has no budget on queue {queue!r}")
 
 
@@ -30,7 +30,7 @@ def locked_standing(*, account_id: int, queue: str, day: dt.date, envelope: Enve
     accounts that could run are found by that block (budgets.ledger `ready_accounts`), never by
     reading every account's budget."""
     lock(account_id=account_id, queue=queue)
-    state = ledger().standing(account_id=account_id, queue=queue, day=day, envelope=envelope, claimant=claimant)
+    state = ledger.standing(account_id=account_id, queue=queue, day=day, envelope=envelope, claimant=claimant)
     if state is not None and state.blocked and state.unreserved_ms > 0 and not state.rate_full:
         unblock(account_id=account_id, queue=queue)
         state = replace(state, blocked=False)

@@ -22,11 +22,11 @@ from django.utils import timezone
 from budgets import clock
 from budgets.admission import hold_and_wake
 from budgets.handoff import release
-from budgets.ledger import ledger
-from budgets.ledger.order import IN_FLIGHT
+from budgets import ledger
+from budgets.ledger import IN_FLIGHT
 from budgets.locks import lock
 from budgets.models import Reservation, ReservationStatus
-from scheduling import claims
+from scheduling import holding
 from scheduling.envelope import Envelope
 from scheduling.models import DeferReason
 from scheduling.selectors import finished_run_cpu_ms
@@ -47,7 +47,7 @@ def reclaim_expired() -> int:
                 pk=pk, status__in=IN_FLIGHT, lease_expires_at__lt=timezone.now()).first()
             if slot is None or not _give_back(slot):
                 continue  # it settled, started or renewed meanwhile
-            state = ledger().standing(account_id=account_id, queue=queue, day=day)
+            state = ledger.standing(account_id=account_id, queue=queue, day=day)
             release(account_id=account_id, queue=queue, state=state, limit=1, day=day)
             reclaimed += 1
     # A reclaimed run that really died never settles; forget it after a day.
@@ -60,21 +60,21 @@ def _give_back(slot: Reservation) -> bool:
     """Under the lock, the slot locked: give it back as its state says; False when it started
     meanwhile."""
     if slot.status == ReservationStatus.DISPATCHED:
-        ledger().drop(slot_id=slot.pk)  # if the message turns up after all, admission checks it again
+        ledger.drop(slot_id=slot.pk)  # if the message turns up after all, admission checks it again
         hold_and_wake(envelope=Envelope(job=slot.job, account=slot.account_id, ref=slot.ref), queue=slot.queue,
                       reason=DeferReason.MESSAGE_LOST, eligible_at=clock.now())
         return True
-    if claims.claim_held(job=slot.job, ref=slot.ref, worker=slot.worker):
+    if holding.claim_held(job=slot.job, ref=slot.ref, worker=slot.worker):
         # Admitted ahead with its claim, and its worker stopped before it started: undone, its
         # run skipped; the job, whose claim expired with the slot, is released by the caller.
-        run_id = ledger().unadmit(slot_id=slot.pk, account_id=slot.account_id, queue=slot.queue,
+        run_id = ledger.unadmit(slot_id=slot.pk, account_id=slot.account_id, queue=slot.queue,
                                   expired_before=timezone.now())
         if run_id is None:
             return False
         task_run_mark_not_started(run_id=run_id, reason="handed off to a worker that stopped before starting it")
         return True
     charge = _reclaim_charge(slot)
-    ledger().reclaim(slot=slot, charge_ms=charge)
+    ledger.reclaim(slot=slot, charge_ms=charge)
     if slot.task_run_id:
         task_run_mark_lost(run_id=slot.task_run_id, cpu_ms=charge,
                            reason="the run stopped renewing its lease (its worker died)")

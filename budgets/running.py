@@ -4,7 +4,7 @@ was frozen past its lease and the slot was reclaimed meanwhile, take a free one 
 from django.db import transaction
 
 from budgets import standing
-from budgets.ledger import ledger
+from budgets import ledger
 from budgets.locks import locked_standing
 from budgets.models import Reservation, ReservationStatus
 
@@ -12,7 +12,7 @@ from budgets.models import Reservation, ReservationStatus
 def reservation_renew(*, slot_id: int, cpu_ms: int) -> bool:
     """Report the run's CPU so far and renew its slot's lease; False when the slot is no longer
     the run's (reclaimed while its worker was frozen past its lease, or settled)."""
-    return ledger().renew(slot_id=slot_id, cpu_ms=cpu_ms)
+    return ledger.renew(slot_id=slot_id, cpu_ms=cpu_ms)
 
 
 def reservation_grow(*, slot_id: int, cpu_ms: int, want_ms: int) -> int | None:
@@ -25,8 +25,8 @@ def reservation_grow(*, slot_id: int, cpu_ms: int, want_ms: int) -> int | None:
     with transaction.atomic():
         state = locked_standing(account_id=slot["account_id"], queue=slot["queue"], day=slot["day"])
         grant = max(0, min(want_ms, state.unreserved_ms))
-        usage_id = ledger().usage_id(state, account_id=slot["account_id"], queue=slot["queue"], day=slot["day"])
-        if not ledger().grow(slot_id=slot_id, usage_id=usage_id, cpu_ms=cpu_ms, ms=grant):
+        usage_id = ledger.usage_id(state, account_id=slot["account_id"], queue=slot["queue"], day=slot["day"])
+        if not ledger.grow(slot_id=slot_id, usage_id=usage_id, cpu_ms=cpu_ms, ms=grant):
             return None
     return grant
 
@@ -46,5 +46,5 @@ def retake_slot(*, slot_id: int) -> int | None:
         if state.free_slots <= 0 or not state.may_start:
             return None
         step = standing.first_reservation_ms(state, 0)
-        charged = ledger().revive(slot_id=slot_id, account_id=slot["account_id"], queue=slot["queue"], reserve_ms=step)
+        charged = ledger.revive(slot_id=slot_id, account_id=slot["account_id"], queue=slot["queue"], reserve_ms=step)
     return None if charged is None else charged + step

@@ -2,7 +2,7 @@
 it ended on its run, and give the freed slot to the account's next held job.
 
 Exactly once: the slot is deleted by the charge, and a second settlement finds nothing (None).
-The charge takes no lock (it only frees, budgets.ledger.postgresql says why that is safe); only
+The charge takes no lock (it only frees, budgets.ledger.settling says why that is safe); only
 when work is in the account's line (seen by the charge, or by a look once it committed) does the
 settlement take the lock to hand the slot on. A job put on hold meanwhile is not missed: a hold
 that waits for a slot or budget looks again once it committed (budgets.admission
@@ -17,7 +17,8 @@ from django.db import transaction
 from budgets import clock, standing
 from budgets.admission import hold_and_wake
 from budgets.handoff import hand_off, passed_on, release_locked, release_next
-from budgets.ledger import Claimed, PassOn, ledger
+from budgets import ledger
+from budgets.ledger import Claimed, PassOn
 from budgets.locks import lock, locked_standing
 from budgets.standing import Standing
 from scheduling import holding
@@ -52,7 +53,7 @@ def settle(
     first job of the account's line: claimed for worker `hand_to` when given (returned, to run next
     in that worker), else released to the broker. A run that came from the line (`from_line`: its
     account most likely has more there) asks the charge to pass its slot on in its own statement
-    (the PostgreSQL ledger does, when it may). With `look_later` (a worker's watcher, which makes
+    (when it may). With `look_later` (a worker's watcher, which makes
     the look for the settlements since its last tick) the settlement's look after its commit is
     left to it: it only matters for a hold that committed while the charge ran, and waits a tick.
     When another account's turn comes first (fewer slots in use for its weight), the slot is not
@@ -69,7 +70,7 @@ def settle(
     pass_on = PassOn(worker=hand_to, day=day, lease_s=standing.claim_lease_s()) if hand_to and from_line else None
     # The run is recorded as finished in the statement that frees its slot: before any run that
     # takes the slot next is recorded as started.
-    charged = ledger().charge(slot_id=slot_id, account_id=account_id, queue=queue, meter=meter, cap_hit=cap_hit,
+    charged = ledger.charge(slot_id=slot_id, account_id=account_id, queue=queue, meter=meter, cap_hit=cap_hit,
                               end=end, now=now, pass_on=pass_on)
     if charged is None:
         return None
@@ -99,11 +100,11 @@ def _settle_and_hold(*, slot_id: int, account_id: int, queue: str, meter: Meter,
     hold and the freed slot's hand-off in one transaction, under the lock."""
     with transaction.atomic():
         lock(account_id=account_id, queue=queue)
-        charged = ledger().charge(slot_id=slot_id, account_id=account_id, queue=queue, meter=meter, cap_hit=cap_hit,
+        charged = ledger.charge(slot_id=slot_id, account_id=account_id, queue=queue, meter=meter, cap_hit=cap_hit,
                                   end=end, now=now)
         if charged is None:
             return None
-        state = ledger().standing(account_id=account_id, queue=queue, day=day)
+        state = ledger.standing(account_id=account_id, queue=queue, day=day)
         if not cap_hit:
             reason, eligible_at = DeferReason.CONCURRENCY_CAP, now  # its slot went to another: it waits for one
         elif state.unreserved_ms > 0:  # its account's other runs left some: it may go on with that
@@ -111,7 +112,7 @@ def _settle_and_hold(*, slot_id: int, account_id: int, queue: str, meter: Meter,
         else:
             reason, eligible_at = standing.out_of_budget(state, now)
         hold_and_wake(envelope=envelope, queue=queue, reason=reason, eligible_at=eligible_at)
-        state = ledger().standing(account_id=account_id, queue=queue, day=day)  # with the job it held
+        state = ledger.standing(account_id=account_id, queue=queue, day=day)  # with the job it held
         handed_to = _hand_on(account_id=account_id, queue=queue, state=state, day=day, hand_to=hand_to) \
             if charged.was_active else None
     if charged.was_active and handed_to is None:

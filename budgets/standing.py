@@ -5,8 +5,8 @@ ledger (budgets.ledger) reads a standing, under the account's lock or within one
 Every write to an account's usage ledger and slots that can refuse work happens under the row
 lock of its Budget (account, queue): admission, reservation growth, reclaim, hand-off, release and
 the enqueue-time check's slow path serialise per account and queue, so caps hold and counts
-never drift. Three statements of the PostgreSQL ledger go without it and still cannot pass a
-cap (budgets/ledger/postgresql.py says why for each): a settlement's charge, which only frees;
+never drift. Three of the ledger's statements go without it and still cannot pass a
+cap (budgets/ledger/settling.py and admitting.py say why): a settlement's charge, which only frees;
 its pass-on, which swaps one slot and its reservation for another; and the admission of a sent
 job, which proves by the Budget row's version that no lock holder committed since its snapshot.
 

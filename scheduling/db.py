@@ -9,7 +9,6 @@ machines: settlement 0.28–0.42 ms planning against 0.09–0.18 ms execution; t
 nothing (`OPTIONS["prepare_threshold"]` only applies to server-side binding), so everything else
 keeps it. FAIRSHARE["PREPARED_STATEMENTS"] = False turns this off, for a connection pooler that
 cannot keep prepared statements across transactions (PgBouncer before 1.21 in transaction mode).
-Elsewhere (SQLite) it is Django's cursor.
 """
 import functools
 import select
@@ -17,83 +16,82 @@ import time
 from collections.abc import Callable, Mapping
 from typing import Any, TypeVar
 
+import psycopg
 from django.conf import settings
 from django.db import DEFAULT_DB_ALIAS, InterfaceError, OperationalError, connections
+from django.db.backends.postgresql.base import CursorDebugWrapper
+from django.db.backends.postgresql.psycopg_any import register_tzloader
 from django.db.backends.utils import CursorWrapper
+from psycopg import _queries
+from psycopg.pq import Format
 
 T = TypeVar("T")
 
-try:
-    import psycopg
-    from django.db.backends.postgresql.base import CursorDebugWrapper
-    from django.db.backends.postgresql.psycopg_any import register_tzloader
-    from psycopg import _queries
-    from psycopg.pq import Format
-except ImportError:  # pragma: no cover - SQLite-only installations
-    psycopg = None
+_TIMESTAMPTZ_OID = psycopg.adapters.types["timestamptz"].oid
+_NEVER_AUTOMATICALLY = 2**31 - 1
 
 
-if psycopg is not None:
-    _TIMESTAMPTZ_OID = psycopg.adapters.types["timestamptz"].oid
-    _NEVER_AUTOMATICALLY = 2**31 - 1
+@functools.lru_cache(maxsize=128)
+def _converted(query: str | bytes, encoding: str):
+    """Keyed by the text as the caller gives it: a caller that sends the same string object
+    from one task to the next has its hash computed once, where its bytes, encoded anew for
+    every execute, would be hashed anew too."""
+    return _queries._query2pg_nocache(query.encode(encoding) if isinstance(query, str) else query, encoding)
 
-    @functools.lru_cache(maxsize=128)
-    def _converted(query: str | bytes, encoding: str):
-        """Keyed by the text as the caller gives it: a caller that sends the same string object
-        from one task to the next has its hash computed once, where its bytes, encoded anew for
-        every execute, would be hashed anew too."""
-        return _queries._query2pg_nocache(query.encode(encoding) if isinstance(query, str) else query, encoding)
 
-    class _CachedQuery(_queries.PostgresQuery):
-        """psycopg turns a statement's named placeholders into PostgreSQL's `$n` on every execute,
-        and caches that only for statements up to 4,096 bytes (ORMs generate long statements of
-        ever new shapes). These are a few fixed ones, the settlement's pass-on about 8 KB, whose
-        conversion (a regular-expression split of the whole text) took a tenth of a worker's time
-        per task: converted once per process, by text and encoding."""
+class _CachedQuery(_queries.PostgresQuery):
+    """psycopg turns a statement's named placeholders into PostgreSQL's `$n` on every execute,
+    and caches that only for statements up to 4,096 bytes (ORMs generate long statements of
+    ever new shapes). These are a few fixed ones, the settlement's pass-on about 8 KB, whose
+    conversion (a regular-expression split of the whole text) took a tenth of a worker's time
+    per task: converted once per process, by text and encoding."""
 
-        def convert(self, query, vars):
-            if vars is None or not isinstance(query, (str, bytes)):
-                return super().convert(query, vars)
-            self.query, self._want_formats, self._order, self._parts = _converted(query, self._tx.encoding)
-            self.dump(vars)
+    def convert(self, query, vars):
+        if vars is None or not isinstance(query, (str, bytes)):
+            return super().convert(query, vars)
+        self.query, self._want_formats, self._order, self._parts = _converted(query, self._tx.encoding)
+        self.dump(vars)
 
-    # psycopg's conversion is private: where a release changed it, its own (uncached) is used.
-    _CACHEABLE = hasattr(_queries, "_query2pg_nocache") and hasattr(_queries.PostgresQuery, "_ensure_bytes")
 
-    class _PreparedCursor(psycopg.Cursor):
-        """A server-side binding cursor that prepares every statement it runs (its conversion of
-        named placeholders cached: `_CachedQuery`)."""
+# psycopg's conversion is private: where a release changed it, its own (uncached) is used.
+_CACHEABLE = hasattr(_queries, "_query2pg_nocache") and hasattr(_queries.PostgresQuery, "_ensure_bytes")
 
-        if _CACHEABLE:
-            _query_cls = _CachedQuery
 
-        def execute(self, query, params=None, *, prepare=None, binary=None):
-            # Django connects with prepare_threshold None, which turns preparing off even when asked
-            # for: a threshold no statement reaches, for this statement only, prepares it and
-            # leaves Django's own (client-side bound, never prepared) as they were.
-            conn = self._conn
-            threshold = conn.prepare_threshold
-            if threshold is None:
-                conn.prepare_threshold = _NEVER_AUTOMATICALLY
-            try:
-                return super().execute(query, params, prepare=True, binary=binary)
-            finally:
-                conn.prepare_threshold = threshold
+class _PreparedCursor(psycopg.Cursor):
+    """A server-side binding cursor that prepares every statement it runs (its conversion of
+    named placeholders cached: `_CachedQuery`)."""
 
-    class _LoggedCursor(CursorDebugWrapper):
-        """Django's query log (DEBUG, CaptureQueriesContext) shows the statement with its values
-        (Django reads them from a client-side binding cursor, which this is not)."""
+    if _CACHEABLE:
+        _query_cls = _CachedQuery
 
-        def execute(self, sql, params=None):
-            with self.debug_sql(self.db.ops.compose_sql(sql, params) if params else sql):
-                return CursorWrapper.execute(self, sql, params)
+    def execute(self, query, params=None, *, prepare=None, binary=None):
+        # Django connects with prepare_threshold None, which turns preparing off even when asked
+        # for: a threshold no statement reaches, for this statement only, prepares it and
+        # leaves Django's own (client-side bound, never prepared) as they were.
+        conn = self._conn
+        threshold = conn.prepare_threshold
+        if threshold is None:
+            conn.prepare_threshold = _NEVER_AUTOMATICALLY
+        try:
+            return super().execute(query, params, prepare=True, binary=binary)
+        finally:
+            conn.prepare_threshold = threshold
+
+
+class _LoggedCursor(CursorDebugWrapper):
+    """Django's query log (DEBUG, CaptureQueriesContext) shows the statement with its values
+    (Django reads them from a client-side binding cursor, which this is not)."""
+
+    def execute(self, sql, params=None):
+        with self.debug_sql(self.db.ops.compose_sql(sql, params) if params else sql):
+            return CursorWrapper.execute(self, sql, params)
 
 
 def cursor() -> CursorWrapper:
     """Django's cursor for this thread's default connection (its execute wrappers, query logging
     and error wrapping included), preparing its statements where that is possible."""
     connection = connections[DEFAULT_DB_ALIAS]  # once: each attribute of django.db.connection is a lookup
-    if psycopg is None or connection.vendor != "postgresql" or not settings.FAIRSHARE["PREPARED_STATEMENTS"]:
+    if not settings.FAIRSHARE["PREPARED_STATEMENTS"]:
         return connection.cursor()
     connection.validate_thread_sharing()
     connection.close_if_health_check_failed()
@@ -102,6 +100,21 @@ def cursor() -> CursorWrapper:
     if connection.timezone != raw.adapters.get_loader(_TIMESTAMPTZ_OID, Format.TEXT).timezone:
         register_tzloader(connection.timezone, raw)  # as Django's own cursors do
     return _LoggedCursor(raw, connection) if connection.queries_logged else connection.make_cursor(raw)
+
+
+def fetch_one(statement: str, params: Mapping[str, Any]) -> tuple | None:
+    """Run one of Fairshare's own statements (prepared: `cursor`) and return its first row."""
+    with cursor() as c:
+        c.execute(statement, params)
+        return c.fetchone()
+
+
+def fetch_one_named(statement: str, params: Mapping[str, Any]) -> dict[str, Any] | None:
+    """`fetch_one`, the row read by column name (the statement names each column it returns)."""
+    with cursor() as c:
+        c.execute(statement, params)
+        row = c.fetchone()
+        return None if row is None else dict(zip([column.name for column in c.description], row))
 
 
 # How recently a connection must have served a task for its quiet socket to be trusted: a
@@ -119,7 +132,7 @@ def trust_quiet_connection() -> None:
     it is gone, and then Django's ping runs and replaces it. Called at the start of each task."""
     connection = connections[DEFAULT_DB_ALIAS]
     raw = connection.connection
-    if psycopg is None or raw is None or connection.vendor != "postgresql":
+    if raw is None:
         return
     now = time.monotonic()
     previous = getattr(connection, "_fairshare_previous_task", None)

@@ -11,7 +11,7 @@ The words, each in one sense:
   day: `hold` blocks it; `unblock` when an operator gives it more).
 - release: take held work out of the holding area and send it again; nothing else.
 - claim: a worker takes the first job of a line to run it itself, straight away, without a broker
-  round trip (scheduling.claims); the row stays, marked with the worker and a lease, until that
+  round trip (budgets' statements, through scheduling.sql `claim`); the row stays, marked with the worker and a lease, until that
   run starts. A claim whose lease expired (its worker died) is claimable again (`claimable`).
 - park: keep a message of a newer envelope version than this process speaks, unchanged, for a
   worker that speaks it; parked messages are never claimed.
@@ -177,19 +177,15 @@ def in_line(*, account_id: int, queue: str) -> bool:
     return Backlog.objects.filter(account_id=account_id, queue=queue, in_line__gt=0).exists()
 
 
-def blocked(*, account_id: int, queue: str) -> bool:
-    """Whether the account's line on the queue waits for a time (`block`)."""
-    return Backlog.objects.filter(account_id=account_id, queue=queue, blocked_until__gt=clock.now()).exists()
-
-
-def any_ready(*, queue: str) -> bool:
-    """Whether some account's line on the queue could go now (pause aside)."""
-    return Backlog.objects.filter(ready(), queue=queue).exists()
+def claim_held(*, job: str, ref: str, worker: str) -> bool:
+    """Whether `worker` still holds its claim on the job (a claim: budgets' statements, through
+    scheduling.sql `claim`)."""
+    return DeferredTask.objects.filter(job=job, ref=ref, claimed_by=worker).exists()
 
 
 def release_first(*, account_id: int, queue: str, limit: int, let_go: Q | None = None) -> list[DeferredTask]:
     """Ring the doorbell again for the first `limit` jobs of the account's line; returns them
-    (`let_go` as for scheduling.claims.claim).
+    (`let_go`: held jobs whose claim expired that may be taken over, as scheduling.sql `claim`'s).
 
     Call it inside a transaction: the rows are locked (SKIP LOCKED, so concurrent callers take
     different ones) and sent once the caller commits.

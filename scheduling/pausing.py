@@ -9,7 +9,7 @@ released by an operator). Only account work pauses: system jobs (maintenance) al
 import datetime as dt
 
 from django.db import IntegrityError, transaction
-from django.db.models import Exists, OuterRef, Q
+from django.db.models import Q
 
 from scheduling import db, holding, sql
 from scheduling.envelope import Envelope
@@ -23,13 +23,6 @@ UNTIL_RESUMED = dt.datetime(9999, 1, 1, tzinfo=dt.UTC)
 
 def _covering(*, account_id: int, queue: str):
     return Pause.objects.filter(Q(account_id=account_id, queue__in=["", queue]) | Q(account__isnull=True, queue=queue))
-
-
-def covering_backlog() -> Exists:
-    """`_covering`'s condition for each row of a Backlog queryset (its account and queue)."""
-    return Exists(Pause.objects.filter(
-        Q(account_id=OuterRef("account_id"), queue="") | Q(account_id=OuterRef("account_id"), queue=OuterRef("queue"))
-        | Q(account__isnull=True, queue=OuterRef("queue"))))
 
 
 def covered(*, account_id: int, queue: str) -> bool:

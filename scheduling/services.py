@@ -108,7 +108,7 @@ def task_run_mark_started(*, run: TaskRun) -> int:
 
 
 # A run's start and end as SQL, for a caller that sends them with its own writes in one statement
-# (budgets' PostgreSQL ledger: its admission and settlement, a round trip less for each). Named
+# (budgets' ledger: its admission and settlement, a round trip less for each). Named
 # parameters: `run_<column>` for the insert, `end_<column>` for the end, so both fit one statement.
 
 def task_run_insert_sql(run: TaskRun, *, source: str = "", taken: dict[str, str] | None = None) -> tuple[str, dict]:

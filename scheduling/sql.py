@@ -1,9 +1,9 @@
-"""The kernel's tables in other apps' hand-written statements (budgets' PostgreSQL ledger): each
+"""The kernel's tables in other apps' hand-written statements (budgets' ledger): each
 function returns SQL over the kernel's own tables only, with named parameters (`%(name)s`, listed
 in its docstring), for the caller to place in a statement of its own. A caller passes in the SQL
 expressions a fragment needs from its statement (an account column, a condition on its own CTEs)
 as arguments: no fragment knows the caller's aliases, and the caller never writes the kernel's
-tables' SQL itself. The portable (ORM) forms of the same rules are scheduling.holding's.
+tables' SQL itself.
 
 Cost, as held jobs and accounts grow (EXPLAINed in tests/scheduling/test_held_work_cost.py):
 `claim` reads the first unclaimed rows of one account's line (index deferred_line; for each whose
@@ -28,7 +28,7 @@ def claim(*, only_if: str = "TRUE", let_go=None) -> str:
     holds: an UPDATE returning the claimed job's (job, ref, priority), or no row. SKIP LOCKED: two
     claimants never take the same job and neither waits for the other. A job whose claim expired is
     taken over only where the caller's `let_go(account=, queue=, job=, ref=)` (SQL over the job's
-    columns, given as SQL expressions) says its claimant let it go (scheduling.claims.claim's `let_go`).
+    columns, given as SQL expressions) says its claimant let it go.
     Parameters: account_id, queue, worker, claim_expires_at, now."""
     taken_over = "TRUE" if let_go is None else let_go(account="d.account_id", queue="d.queue", job="d.job", ref="d.ref")
     return f"""

@@ -6,8 +6,7 @@ the reasons they know, so an old migration keeps creating the triggers it always
 On PostgreSQL: per statement for inserts and deletes (transition tables: a bulk hold of thousands
 of one account's jobs updates its Backlog row once, not once per job, which within one transaction
 would leave a version of that row per job), and per changed row for a change of a row's account,
-queue, place in line or reason (a claim, which changes none of these, fires nothing). On SQLite, the
-demo's database: row triggers of its own.
+queue, place in line or reason (a claim, which changes none of these, fires nothing).
 """
 from dataclasses import dataclass
 
@@ -26,7 +25,7 @@ class Triggers:
         return ("count(*)", "count(in_line_since)", *(f"count(*) FILTER (WHERE reason = '{r}')" for r in self.reasons))
 
     def _row_counts(self, row: str) -> str:
-        """Each count of one row (`OLD`, `NEW`), in `counts`' order, as 0 or 1 (PostgreSQL and SQLite)."""
+        """Each count of one row (`OLD`, `NEW`), in `counts`' order, as 0 or 1."""
         return ", ".join(["1", f"(CASE WHEN {row}.in_line_since IS NULL THEN 0 ELSE 1 END)",
                           *(f"(CASE WHEN {row}.reason = '{reason}' THEN 1 ELSE 0 END)" for reason in self.reasons)])
 
@@ -83,25 +82,8 @@ CREATE TRIGGER scheduling_backlog_recount AFTER UPDATE OF account_id, queue, in_
   EXECUTE FUNCTION scheduling_backlog_recount();
 """
 
-    def sqlite(self) -> list[str]:
-        changed = ("OLD.account_id IS NOT NEW.account_id OR OLD.queue IS NOT NEW.queue "
-                   "OR (OLD.in_line_since IS NULL) <> (NEW.in_line_since IS NULL) OR OLD.reason IS NOT NEW.reason")
-        add = self._upsert(f"SELECT NEW.account_id, NEW.queue, {self._row_counts('NEW')}, '1970-01-01 00:00:00' WHERE TRUE")
-        take = self._take(self._row_counts("OLD"), where="account_id = OLD.account_id AND queue = OLD.queue")
-        return [
-            f"CREATE TRIGGER scheduling_backlog_insert AFTER INSERT ON scheduling_deferredtask "
-            f"WHEN NEW.account_id IS NOT NULL BEGIN {add}; END",
-            f"CREATE TRIGGER scheduling_backlog_delete AFTER DELETE ON scheduling_deferredtask "
-            f"WHEN OLD.account_id IS NOT NULL BEGIN {take}; END",
-            # One trigger per side of a change (SQLite runs a trigger's statements under one WHEN).
-            f"CREATE TRIGGER scheduling_backlog_update_old AFTER UPDATE OF account_id, queue, in_line_since, reason "
-            f"ON scheduling_deferredtask WHEN OLD.account_id IS NOT NULL AND ({changed}) BEGIN {take}; END",
-            f"CREATE TRIGGER scheduling_backlog_update_new AFTER UPDATE OF account_id, queue, in_line_since, reason "
-            f"ON scheduling_deferredtask WHEN NEW.account_id IS NOT NULL AND ({changed}) BEGIN {add}; END",
-        ]
-
     def create(self, schema_editor) -> None:
-        _run(schema_editor, self.postgresql(), self.sqlite())
+        schema_editor.execute(self.postgresql())
 
     def created(self, apps, schema_editor) -> None:
         """`create`, as a migration's RunPython function."""
@@ -116,8 +98,7 @@ def dropped(apps, schema_editor) -> None:
 def rewritten(before: Triggers, after: Triggers, *operations) -> list:
     """A migration's operations that change what the triggers count (a new reason's Backlog
     column): the triggers dropped before them and created again after them with `after`'s reasons
-    (backwards: dropped, the operations undone, created with `before`'s). On SQLite adding a column
-    rebuilds the table, which triggers naming it would not survive."""
+    (backwards: dropped, the operations undone, created with `before`'s)."""
     from django.db import migrations
 
     return [migrations.RunPython(dropped, before.created), *operations, migrations.RunPython(after.created, dropped)]
@@ -131,19 +112,7 @@ DROP FUNCTION scheduling_backlog_recount();
 DROP FUNCTION scheduling_backlog_take();
 DROP FUNCTION scheduling_backlog_add();
 """
-SQLITE_DROP = [f"DROP TRIGGER scheduling_backlog_{name}" for name in ("insert", "delete", "update_old", "update_new")]
 
 
 def drop(schema_editor) -> None:
-    _run(schema_editor, POSTGRESQL_DROP, SQLITE_DROP)
-
-
-def _run(schema_editor, postgresql: str, sqlite: list[str]) -> None:
-    vendor = schema_editor.connection.vendor
-    if vendor == "postgresql":
-        schema_editor.execute(postgresql)
-    elif vendor == "sqlite":
-        for statement in sqlite:
-            schema_editor.execute(statement)
-    else:
-        raise NotImplementedError(f"scheduling.Backlog needs triggers written for {vendor}")
+    schema_editor.execute(POSTGRESQL_DROP)

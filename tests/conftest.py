@@ -84,9 +84,7 @@ def outsider(other_account):
 
 def worker_env(export_root: Path, **extra: str) -> dict[str, str]:
     """Environment for a worker process that shares this test's database and export folder, with
-    the ORM broker (no REDIS_URL), a fast poll, the test jobs and this test's ledger backend."""
-    if settings.FAIRSHARE["LEDGER"]:
-        extra = {"FAIRSHARE_LEDGER": settings.FAIRSHARE["LEDGER"], **extra}
+    the ORM broker (no REDIS_URL), a fast poll and the test jobs."""
     return processes.worker_env(without={"REDIS_URL"}, **{
         "DJANGO_SETTINGS_MODULE": "config.settings",
         "FAIRSHARE_EXPORTS_ROOT": str(export_root),

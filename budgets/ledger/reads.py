@@ -1,78 +1,96 @@
-"""One account's reads, the portable forms (the ORM): its lock, its standing on a queue (what every
-rule of budgets.standing decides on) and its day's usage row. The PostgreSQL ledger does the lock
-and the standing in one statement each (budgets/ledger/statements.py).
+"""What the ledger decides on: one account's lock and standing on a queue (what every rule of
+budgets.standing decides on), its day's usage row, and the reads across accounts: the fair order
+(`ready_accounts`) and whether a job sent to the broker waits for a worker (`broker_waiting`).
 
-Cost, as held jobs and accounts grow: one account's rows by index (its Budget, its day's usage row,
-its slots, bounded by its cap, its Backlog row, its claim by (job, ref)); a rate limit's window at
-most the limit's count of TaskRun index entries. The reads across accounts are
-budgets.ledger.order's.
+Cost, as held jobs and accounts grow: the lock and the standing read one account's rows by index
+(its Budget, its day's usage row, its slots, bounded by its cap, its Backlog row, its claim by
+(job, ref); a rate limit's window at most the limit's count of TaskRun index entries); the fair
+order the Backlog rows of the accounts whose line could go now (index backlog_ready), never the
+held jobs; `broker_waiting` the slots sent in its window (index reservation_age). Their statements
+are budgets/ledger/statements.py's, EXPLAINed in tests/scheduling/test_held_work_cost.py.
 """
 import datetime as dt
 
+from django.db.models import Exists, OuterRef, Q
 from django.utils import timezone
 
-from budgets.ledger.order import IN_FLIGHT, FairOrder
-from budgets.models import Budget, Reservation, ReservationStatus, UsageDay
+from budgets.ledger import statements as s
+from budgets.ledger.values import Ready
+from budgets.models import Queue, Reservation, ReservationStatus, UsageDay
 from budgets.standing import Standing
-from scheduling import claims, clock, holding, pausing
-from scheduling.envelope import Envelope
-from scheduling.selectors import recent_starts
+from scheduling import clock, db
+
+IN_FLIGHT = (ReservationStatus.DISPATCHED, ReservationStatus.ACTIVE)
+# A claimant yields to the broker when a job sent to the broker on its queue has waited this long
+# without starting: every worker is busy, and one that kept running held work would leave it
+# waiting. About two polls of FAIRSHARE_POLL's default, so a message an idle worker is about to
+# fetch does not count.
+BROKER_WAIT_YIELD_S = 0.25
+# ... and no longer once it has waited this long: then its message was most likely lost (a killed
+# worker's, with the Redis broker), and the reclaim sends it again at the end of its dispatch lease.
+# Until then, work goes to the broker as if no job waited there, instead of waiting in line for
+# workers that would yield to a message that never comes. A job that really waits this long waits
+# behind long runs, which a work-conserving loop does not speed up.
+BROKER_WAIT_FORGET_S = 60.0
 
 
-def _rate_window(*, account_id: int, queue: str, budget: dict) -> dict:
-    """A rate-limited account's window: its starts counted (up to its limit) and when the oldest of
-    a full window leaves it (on the kernel's clock)."""
-    limit, period = budget["rate_starts"], dt.timedelta(seconds=budget["rate_period_s"])
-    if limit is None:
-        return {}
-    starts = recent_starts(account_id=account_id, queue=queue, since=timezone.now() - period, limit=limit)
-    return {"recent_starts": len(starts),
-            "rate_frees_at": clock.from_wall(starts[-1] + period) if len(starts) >= limit else None}
+def broker_window() -> dict[str, dt.datetime]:
+    """The send times of the dispatched slots that say "a job sent to the broker waits for a
+    worker": after `broker_forgets`, before `broker_since` (the statements' parameters)."""
+    now = timezone.now()
+    return {"broker_forgets": now - dt.timedelta(seconds=BROKER_WAIT_FORGET_S),
+            "broker_since": now - dt.timedelta(seconds=BROKER_WAIT_YIELD_S)}
 
 
-class AccountReads(FairOrder):
-    """The reads the portable ledger decides on (the PostgreSQL ledger has its own `lock` and
-    `standing`), beside the fair order's."""
+def let_go() -> Q:
+    """Held jobs a release may take over once their claim expired: those whose claim's slot was
+    given back (statements.let_go says why; the same rule for a release's ORM query)."""
+    slot = Reservation.objects.filter(account_id=OuterRef("account_id"), queue=OuterRef("queue"), status__in=IN_FLIGHT,
+                                      job=OuterRef("job"), ref=OuterRef("ref"))
+    return Q(claim_expires_at__isnull=True) | ~Exists(slot)
 
-    def lock(self, *, account_id: int, queue: str) -> bool:
-        """Lock the account's Budget row on the queue (in the caller's transaction); False when it
-        has none."""
-        rows = Budget.objects.select_for_update().filter(account_id=account_id, queue=queue)
-        return rows.values_list("pk", flat=True).first() is not None
 
-    def standing(self, *, account_id: int, queue: str, day: dt.date, envelope: Envelope | None = None,
-                 claimant: str | None = None) -> Standing | None:
-        """The account's standing on the queue on `day` (after `lock`: exact until the commit). For
-        a job (`envelope`) its own dispatched slot, and whether `claimant` still holds its claim on
-        it; the slots taken are not counted for a job that holds a slot of its own."""
-        budget = Budget.objects.filter(account_id=account_id, queue=queue).values(
-            "cpu_seconds_per_day", "max_concurrent", "weight", "rate_starts", "rate_period_s").first()
-        if budget is None:
-            return None
-        usage = UsageDay.objects.filter(account_id=account_id, queue=queue, day=day).values(
-            "pk", "cpu_used_ms", "cpu_reserved_ms").first() or {"pk": None, "cpu_used_ms": 0, "cpu_reserved_ms": 0}
-        slots = Reservation.objects.filter(account_id=account_id, queue=queue)
-        own = None
-        if envelope is not None:
-            own = (slots.filter(status=ReservationStatus.DISPATCHED, job=envelope.job, ref=envelope.ref)
-                   .order_by("pk").values_list("pk", flat=True).first())
-        return Standing(
-            cpu_limit_ms=budget["cpu_seconds_per_day"] * 1000, max_concurrent=budget["max_concurrent"],
-            usage_id=usage["pk"], cpu_used_ms=usage["cpu_used_ms"], cpu_reserved_ms=usage["cpu_reserved_ms"],
-            in_flight=None if own else slots.filter(status__in=IN_FLIGHT).count(),
-            active=slots.filter(status=ReservationStatus.ACTIVE).count(),
-            in_line=holding.in_line(account_id=account_id, queue=queue),
-            blocked=holding.blocked(account_id=account_id, queue=queue), own_slot=own,
-            paused=pausing.covered(account_id=account_id, queue=queue),
-            claimed=bool(envelope and claimant and claims.claim_held(job=envelope.job, ref=envelope.ref,
-                                                                        worker=claimant)),
-            weight=budget["weight"], rate_starts=budget["rate_starts"], rate_period_s=budget["rate_period_s"],
-            **_rate_window(account_id=account_id, queue=queue, budget=budget),
-        )
+def lock(*, account_id: int, queue: str) -> bool:
+    """Lock the account's Budget row on the queue (in the caller's transaction); False when it has
+    none. A write that changes nothing, so that the row gets a new version each time it is locked,
+    which `admit_at_once` checks."""
+    return db.fetch_one(s.LOCK, {"account_id": account_id, "queue": queue}) is not None
 
-    def usage_id(self, state: Standing, *, account_id: int, queue: str, day: dt.date) -> int:
-        """The account's usage row for `day`, created on its first use."""
-        if state.usage_id is not None:
-            return state.usage_id
-        usage, _ = UsageDay.objects.get_or_create(account_id=account_id, queue=queue, day=day)
-        return usage.pk
+
+def standing(*, account_id: int, queue: str, day: dt.date, envelope=None, claimant: str | None = None) -> Standing | None:
+    """The account's standing on the queue on `day` (after `lock`: exact until the commit); None
+    when it has no Budget row there. For a job (`envelope`) its own dispatched slot, and whether
+    `claimant` still holds its claim on it; the slots taken are not counted for a job that holds a
+    slot of its own."""
+    job, ref = (envelope.job, envelope.ref) if envelope is not None else ("", "")
+    row = db.fetch_one_named(s.STANDING, {"account_id": account_id, "queue": queue, "day": day, "job": job, "ref": ref,
+                                          "claimant": claimant, "now": clock.now(), "wall_now": timezone.now()})
+    if row is None:
+        return None
+    return Standing(**{**row, "rate_frees_at": clock.from_wall(row["rate_frees_at"])})
+
+
+def usage_id(state: Standing, *, account_id: int, queue: str, day: dt.date) -> int:
+    """The account's usage row for `day`, created on its first use."""
+    if state.usage_id is not None:
+        return state.usage_id
+    usage, _ = UsageDay.objects.get_or_create(account_id=account_id, queue=queue, day=day)
+    return usage.pk
+
+
+def ready_accounts(*, queue: str | None, limit: int | None = None) -> list[Ready]:
+    """Accounts whose line on the queue (None: each queue) could go now and that have a free slot,
+    in fair order: fewest slots in use for their weight first, then the one whose first held job
+    has waited longest in line (weighted max-min fair)."""
+    if queue is None:
+        return [ready for q in Queue.values for ready in ready_accounts(queue=q, limit=limit)]
+    with db.cursor() as cursor:
+        cursor.execute(s.READY_ACCOUNTS, {"queue": queue, "limit": limit})
+        return [Ready(account_id, queue, share) for account_id, share in cursor.fetchall()]
+
+
+def broker_waiting(*, queue: str) -> bool:
+    """Whether a job sent to the broker on the queue has waited BROKER_WAIT_YIELD_S without
+    starting, and not yet BROKER_WAIT_FORGET_S (a claimed job's slot is not one: its held row is
+    still there)."""
+    return db.fetch_one(s.BROKER_WAITING, {"queue": queue, **broker_window()})[0]

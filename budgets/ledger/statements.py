@@ -1,4 +1,4 @@
-"""The PostgreSQL ledger's statements (budgets.ledger.postgresql uses them), with named parameters;
+"""The ledger's statements (its transitions' modules use them), with named parameters;
 the settlement's, which use the rules here, are budgets.ledger.settling's. Times: `now` is the kernel's clock (scheduling.clock: the holding area's times, which tests may
 shift), the slots' own times (`created_at`, leases) are the wall clock's.
 
@@ -7,6 +7,8 @@ in through scheduling.sql and scheduling.services (`task_run_*_sql`), never writ
 each statement: what it reads as held jobs, accounts and history grow (tests EXPLAIN them on large
 tables: tests/scheduling/test_held_work_cost.py).
 """
+import functools
+
 from budgets.models import Budget, Reservation, ReservationStatus, UsageDay
 from scheduling import sql
 from scheduling.models import DeferReason
@@ -39,7 +41,7 @@ def running(*, account: str, queue: str, but: str = "NULL") -> str:
 
 def broker_waiting() -> str:
     """"A job sent to the broker on the queue waits for a worker": a dispatched slot sent within
-    budgets.ledger.order.broker_window whose job is not held (a claimed job's slot is not one).
+    budgets.ledger.reads.broker_window whose job is not held (a claimed job's slot is not one).
     Reads the queue's dispatched slots sent in that window (index reservation_age).
     Parameters: queue, broker_since, broker_forgets."""
     return (f"EXISTS (SELECT 1 FROM {R} w WHERE w.queue = %(queue)s AND w.status = {DISPATCHED} "
@@ -88,14 +90,16 @@ LOCK = f"UPDATE {B} SET max_concurrent = max_concurrent WHERE account_id = %(acc
 # ref), and for a rate-limited account its window: at most rate_starts TaskRun index entries.
 _WINDOW = {"account": "b.account_id", "queue": "b.queue", "limit": "b.rate_starts", "period_s": "b.rate_period_s"}
 STANDING = f"""
-SELECT b.cpu_seconds_per_day, b.max_concurrent, u.id, COALESCE(u.cpu_used_ms, 0), COALESCE(u.cpu_reserved_ms, 0),
-       CASE WHEN o.id IS NULL THEN {slots(account='b.account_id', queue='b.queue')} END,
-       {running(account='b.account_id', queue='b.queue')},
-       {sql.in_line(account='b.account_id', queue='b.queue')}, {sql.blocked(account='b.account_id', queue='b.queue')}, o.id,
-       {sql.paused(account='b.account_id', queue='b.queue')}, {sql.claim_held()},
+SELECT b.cpu_seconds_per_day::bigint * 1000 AS cpu_limit_ms, b.max_concurrent, u.id AS usage_id,
+       COALESCE(u.cpu_used_ms, 0) AS cpu_used_ms, COALESCE(u.cpu_reserved_ms, 0) AS cpu_reserved_ms,
+       CASE WHEN o.id IS NULL THEN {slots(account='b.account_id', queue='b.queue')} END AS in_flight,
+       {running(account='b.account_id', queue='b.queue')} AS active,
+       {sql.in_line(account='b.account_id', queue='b.queue')} AS in_line,
+       {sql.blocked(account='b.account_id', queue='b.queue')} AS blocked, o.id AS own_slot,
+       {sql.paused(account='b.account_id', queue='b.queue')} AS paused, {sql.claim_held()} AS claimed,
        b.weight, b.rate_starts, b.rate_period_s,
-       CASE WHEN b.rate_starts IS NOT NULL THEN {sql.recent_starts(**_WINDOW)} ELSE 0 END,
-       CASE WHEN b.rate_starts IS NOT NULL THEN {sql.rate_frees_at(**_WINDOW)} END
+       CASE WHEN b.rate_starts IS NOT NULL THEN {sql.recent_starts(**_WINDOW)} ELSE 0 END AS recent_starts,
+       CASE WHEN b.rate_starts IS NOT NULL THEN {sql.rate_frees_at(**_WINDOW)} END AS rate_frees_at
   FROM {B} b
   LEFT JOIN {U} u ON u.account_id = b.account_id AND u.queue = b.queue AND u.day = %(day)s
   LEFT JOIN LATERAL (SELECT MIN(r.id) AS id FROM {R} r WHERE r.account_id = b.account_id AND r.queue = b.queue
@@ -173,18 +177,31 @@ k AS (
          lease_expires_at = %(lease)s, task_run_id = (SELECT id FROM t)
    WHERE id = (SELECT own_id FROM s) AND EXISTS (SELECT 1 FROM u)
   RETURNING id, task_run_id)
-SELECT EXISTS (SELECT 1 FROM b), (SELECT id FROM k), (SELECT task_run_id FROM k),
-       {sql.paused(account='%(account_id)s', queue='%(queue)s')}"""
+SELECT EXISTS (SELECT 1 FROM b) AS fresh, (SELECT id FROM k) AS slot_id, (SELECT task_run_id FROM k) AS task_run_id,
+       {sql.paused(account='%(account_id)s', queue='%(queue)s')} AS paused"""
 
 # The admission under the lock (budgets.admission.admit, which read the standing): the CPU reserved
-# on the day's usage row, the run's record inserted (`t`) and a claimed job's claim completed (`k`),
-# its slot made ACTIVE (its own, or a new one). Rows by key.
+# on the day's usage row (`u`), the run's record inserted (`t`, a `{run}` part: scheduling.services)
+# or given (%(run_id)s), a claimed job's claim completed (`k`, a `{complete_claim}` part:
+# scheduling.sql), its slot made ACTIVE: its own (%(own)s) or a new one. One statement for each of
+# the eight shapes, keyed (own slot, run inserted, claim completed). Rows by key.
 RESERVE = f"UPDATE {U} SET cpu_reserved_ms = cpu_reserved_ms + %(reserve_ms)s WHERE id = %(usage_id)s"
-ACTIVATE_OWN = (f"UPDATE {R} SET status = {ACTIVE}, day = %(day)s, worker = %(worker)s, "
-                "cpu_reserved_ms = %(reserve_ms)s, lease_expires_at = %(lease)s, task_run_id = {run_id} "
-                "WHERE id = %(own)s RETURNING id, task_run_id")
-ACTIVATE_NEW = (f"INSERT INTO {R} ({SLOT_COLUMNS}) VALUES (%(account_id)s, %(queue)s, %(day)s, %(job)s, %(ref)s, "
-                f"{ACTIVE}, %(lease)s, %(created_at)s, %(worker)s, %(reserve_ms)s, 0, 0, {{run_id}}) RETURNING id, task_run_id")
+
+
+def _activate(own: bool, insert_run: bool, claimed: bool) -> str:
+    run_id = "(SELECT id FROM t)" if insert_run else "%(run_id)s"
+    parts = [f"u AS ({RESERVE} RETURNING 1)"] + (["t AS ({run})"] if insert_run else []) + \
+        (["k AS ({complete_claim})"] if claimed else [])
+    slot = (f"UPDATE {R} SET status = {ACTIVE}, day = %(day)s, worker = %(worker)s, cpu_reserved_ms = %(reserve_ms)s, "
+            f"lease_expires_at = %(lease)s, task_run_id = {run_id} WHERE id = %(own)s RETURNING id, task_run_id"
+            if own else
+            f"INSERT INTO {R} ({SLOT_COLUMNS}) VALUES (%(account_id)s, %(queue)s, %(day)s, %(job)s, %(ref)s, {ACTIVE}, "
+            f"%(lease)s, %(created_at)s, %(worker)s, %(reserve_ms)s, 0, 0, {run_id}) RETURNING id, task_run_id")
+    return f"WITH {', '.join(parts)} {slot}"
+
+
+ACTIVATE = {(own, insert_run, claimed): _activate(own, insert_run, claimed)
+            for own in (True, False) for insert_run in (True, False) for claimed in (True, False)}
 
 
 # A hand-off under the lock (which read the standing): the first job of the account's line claimed
@@ -196,13 +213,13 @@ CLAIM_AND_ADMIT = (
     f"INSERT INTO {R} ({SLOT_COLUMNS}) SELECT %(account_id)s::bigint, %(queue)s::varchar, %(day)s::date, c.job, "
     f"c.ref, {ACTIVE}, %(slot_lease)s::timestamptz, %(created_at)s::timestamptz, %(worker)s::varchar, "
     "%(reserve_ms)s::bigint, 0, 0, (SELECT id FROM t) FROM c "
-    "RETURNING job, ref, id, task_run_id, (SELECT priority FROM c)")
+    "RETURNING job, ref, id, task_run_id, (SELECT priority FROM c) AS priority")
 # The same without admitting (the account may not start it now): a dispatched slot on the claim's lease.
 CLAIM_FOR = (
     "WITH c AS ({claim}) "
     f"INSERT INTO {R} ({SLOT_COLUMNS}) SELECT %(account_id)s::bigint, %(queue)s::varchar, %(day)s::date, c.job, "
     f"c.ref, {DISPATCHED}, %(slot_lease)s::timestamptz, %(created_at)s::timestamptz, '', 0, 0, 0, NULL FROM c "
-    "RETURNING job, ref, id, (SELECT priority FROM c)")
+    "RETURNING job, ref, id, (SELECT priority FROM c) AS priority")
 
 # A job admitted ahead starts: its claim completes if its slot is still there, the slot's row
 # locked (not written: its claim's lease runs until the run's watcher renews it, well before the
@@ -220,7 +237,7 @@ WITH u AS (UPDATE {U} u SET cpu_reserved_ms = u.cpu_reserved_ms + %(ms)s FROM {B
 UPDATE {R} SET cpu_reserved_ms = cpu_reserved_ms + %(ms)s WHERE id = %(slot_id)s AND EXISTS (SELECT 1 FROM u)
 RETURNING 1"""
 
-# budgets.ledger.order's broker_waiting, a prepared statement (asked by every hand-off, release
+# budgets.ledger.reads.broker_waiting, a prepared statement (asked by every hand-off, release
 # and pull): the queue's dispatched slots sent in the broker window (index reservation_age).
 BROKER_WAITING = f"SELECT {broker_waiting()}"
 
@@ -239,3 +256,15 @@ SELECT c.account_id, c.in_flight::float / c.weight FROM (
  WHERE c.in_flight < c.max_concurrent
  ORDER BY c.in_flight::float / c.weight, c.head_since
  LIMIT %(limit)s"""
+
+
+@functools.cache
+def compose(template: str, **parts: str) -> str:
+    """A statement of a template here with the kernel's SQL for its parts (a run's insert and end, a
+    claim), composed once per shape and then the same string object, whose hash and conversion
+    the cursor keeps (the pass-on's is 8 KB, sent for each task)."""
+    return template.format(**parts)
+
+
+# A hand-off's claim, and the same unless a job sent to the broker waits for a worker.
+CLAIM, CLAIM_YIELDING = claim(), claim(only_if=f"NOT {broker_waiting()}")

@@ -1,4 +1,4 @@
-"""The admission without the lock (the PostgreSQL ledger's admit_at_once): one statement for a
+"""The admission without the lock (budgets.ledger admit_at_once): one statement for a
 job sent with a slot of its own, exact against admissions made under the lock at the same time."""
 import threading
 
@@ -6,7 +6,7 @@ import pytest
 from django.db import connection, connections
 
 from budgets import clock
-from budgets.ledger import ledger
+from budgets import ledger
 from budgets.models import Budget, Reservation, ReservationStatus, UsageDay
 from budgets.admission import admit
 from scheduling.envelope import Envelope
@@ -14,13 +14,13 @@ from scheduling.models import DeferReason, DeferredTask, TaskRun
 from scheduling.services import task_run_new
 from tests.conftest import backend_waiting_for, connect_outside_django, wait_for
 
-pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.ledger("postgresql")]
+pytestmark = [pytest.mark.django_db(transaction=True)]
 
 
 def _sent(account, ref: str) -> Envelope:
     """A job sent to the broker with a slot of its own (as the enqueue-time check leaves it)."""
     sent = Envelope(job="tests.noop", account=account.pk, ref=ref)
-    ledger().dispatch(envelope=sent, queue="default", day=clock.budget_day())
+    ledger.dispatch(envelope=sent, queue="default", day=clock.budget_day())
     return sent
 
 

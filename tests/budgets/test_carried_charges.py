@@ -1,4 +1,4 @@
-"""Carried charges (the PostgreSQL ledger's pass-on): a slot passed from run to run of one account
+"""Carried charges (the settlement's pass-on): a slot passed from run to run of one account
 carries its runs' figures instead of charging the day's usage row with each, and whatever ends
 the slot charges them: the chain's last settlement, the reclaim of a dead run, an admission undone.
 Meanwhile their CPU stays reserved, so used + reserved is what charging at once would give, and
@@ -22,7 +22,7 @@ from tests.budgets.test_admission import meter, usage
 from tests.budgets.test_claims import budget, start
 from tests.budgets.test_processes import ledger_totals, recorded_totals
 
-pytestmark = [pytest.mark.django_db, pytest.mark.ledger("postgresql")]
+pytestmark = pytest.mark.django_db
 
 RUN = {"cpu_ms": 40, "wall_ms": 55, "db_wait_ms": 4, "storage_wait_ms": 2}  # what each run here measures
 

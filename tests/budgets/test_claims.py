@@ -202,9 +202,8 @@ def test_a_worker_yields_to_work_waiting_in_the_broker_instead_of_claiming(accou
     assert pull(queue="default", worker="w1").envelope.ref == "0/1"
 
 
-@pytest.mark.ledger("postgresql")
 def test_a_settlement_passes_its_slot_on_with_what_is_left_of_its_reservation(account, settings):
-    """The lock-free pass-on (the PostgreSQL ledger's) of a run that came from the holding area:
+    """The lock-free pass-on (the ledger's settlement) of a run that came from the holding area:
     the next job keeps what the run did not use of its reservation, at most a step, so the
     account's used + reserved CPU never grows; below half a step the slot is handed off under the
     lock instead, with a fresh step. The run's figures go on with the slot (carried) and are

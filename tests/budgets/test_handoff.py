@@ -64,7 +64,6 @@ def assert_ran_once_within_cap_in_order(account, refs: list[str], *, cap: int) -
     assert usage(account).cpu_reserved_ms == 0
 
 
-@pytest.mark.ledger("postgresql", "portable")  # the portable ledger with real workers too
 def test_a_capped_accounts_backlog_runs_through_hand_offs_one_at_a_time_in_order(account, start_cluster):
     give_budget(account, cpu_seconds=1000, max_concurrent=1)
     cluster = start_cluster("default", FAIRSHARE_WORKERS="2")
@@ -77,7 +76,6 @@ def test_a_capped_accounts_backlog_runs_through_hand_offs_one_at_a_time_in_order
     assert_ran_once_within_cap_in_order(account, refs, cap=1)
 
 
-@pytest.mark.ledger("postgresql", "portable")
 def test_a_run_admitted_ahead_outlives_its_claims_lease(account, start_cluster):
     """A job admitted ahead starts on its claim's lease (its start writes nothing to its slot): its
     run, longer than that lease, keeps its slot, because its watcher renews the lease before it
@@ -99,7 +97,6 @@ def test_a_run_admitted_ahead_outlives_its_claims_lease(account, start_cluster):
     assert runs_of(account, outcome=Outcome.LOST).count() == 0
 
 
-@pytest.mark.ledger("postgresql", "portable")  # the portable ledger with real workers too
 def test_free_workers_pull_other_accounts_held_work_without_exceeding_any_cap(start_cluster):
     wide, narrow, single = AccountFactory(slug="wide"), AccountFactory(slug="narrow"), AccountFactory(slug="single")
     give_budget(wide, cpu_seconds=1000, max_concurrent=3)
@@ -202,7 +199,6 @@ def test_a_worker_killed_in_a_flood_that_waits_in_line_loses_and_duplicates_noth
     assert runs_of(account, outcome=Outcome.SKIPPED).count() == 1  # the pass-on's run, undone
 
 
-@pytest.mark.ledger("postgresql", "portable")  # the portable ledger with real workers too
 def test_a_worker_killed_after_claiming_a_held_job_loses_and_duplicates_nothing(account, start_cluster, tmp_path):
     # The first run settles and hands its slot to the second job; the worker dies before running it.
     cluster, refs, claimed = kill_a_claimant(account, start_cluster, tmp_path, fault="before_handoff")

@@ -10,7 +10,7 @@ from django.db import connection
 from django.test.utils import CaptureQueriesContext
 
 from budgets import clock
-from budgets.ledger import ledger
+from budgets import ledger
 from budgets.models import Budget, Reservation, UsageDay
 from scheduling.envelope import Envelope
 from scheduling.models import DeferredTask, Outcome, TaskRun
@@ -28,7 +28,7 @@ def test_a_run_whose_admission_failed_after_recording_it_is_still_recorded_and_c
     def broken_slot(**kwargs):
         raise RuntimeError("the database refused the slot")
 
-    monkeypatch.setattr(ledger(), "activate", broken_slot)
+    monkeypatch.setattr(ledger, "activate", broken_slot)
     execute(Envelope(job="tests.noop", account=account.pk, ref="lean/1").to_message())
 
     # The admission's transaction (with the run's insert) was rolled back; the run is recorded
@@ -49,7 +49,6 @@ def commits(queries) -> int:
     return sum(1 for q in queries if q["sql"].strip().upper() == "COMMIT")
 
 
-@pytest.mark.ledger("postgresql")
 def test_an_accounts_run_costs_two_statements_and_no_transaction(account):
     """What bench/budget_overhead.py reports, held as a count: admission (the slot made active,
     CPU reserved and the run recorded in one statement, no lock taken first) and settlement (the
@@ -69,7 +68,6 @@ def test_an_accounts_run_costs_two_statements_and_no_transaction(account):
     assert UsageDay.objects.get().runs == 2
 
 
-@pytest.mark.ledger("postgresql")
 def test_a_hand_off_cycle_costs_two_statements_and_no_transaction(account):
     """A run that came from the holding area settles and passes its slot on to the next held job,
     claimed and admitted (one statement, no lock), which then starts (one statement: the claim
@@ -103,7 +101,6 @@ def prepared_statements() -> list[str]:
 
 
 @pytest.mark.parametrize("prepared", [True, False])
-@pytest.mark.ledger("postgresql")
 def test_the_chain_prepares_its_own_statements_once_per_connection_and_only_them(account, settings, prepared):
     """scheduling.db: the admission and settlement statements are prepared on the worker's
     connection (FAIRSHARE["PREPARED_STATEMENTS"]), Django's own queries never; the query log
@@ -130,7 +127,6 @@ def test_the_chain_prepares_its_own_statements_once_per_connection_and_only_them
     assert TaskRun.objects.filter(outcome=Outcome.SUCCEEDED).count() == 3
 
 
-@pytest.mark.ledger("postgresql")
 def test_the_prepared_cursor_converts_a_long_statement_once_per_process():
     """scheduling.db: psycopg converts named placeholders on every execute and caches only
     statements up to 4 KB; the settlement's pass-on is twice that. Its conversion is cached, and
@@ -205,7 +201,6 @@ def _reservation_rows_read(sql: str) -> int:
     return walk(plan)
 
 
-@pytest.mark.ledger("postgresql")
 def test_a_start_does_not_read_the_accounts_backlog(account):
     """A job's own dispatched slot is found by its (job, ref); the slots taken are counted only for
     a job without one. With 300 of the account's jobs dispatched, the admission's state read of a
@@ -216,9 +211,9 @@ def test_a_start_does_not_read_the_accounts_backlog(account):
 
     def state_read(ref: str):
         envelope = Envelope(job="tests.noop", account=account.pk, ref=ref)
-        state = ledger().standing(account_id=account.pk, queue="default", day=day, envelope=envelope)
+        state = ledger.standing(account_id=account.pk, queue="default", day=day, envelope=envelope)
         with CaptureQueriesContext(connection) as queries:
-            ledger().standing(account_id=account.pk, queue="default", day=day, envelope=envelope)
+            ledger.standing(account_id=account.pk, queue="default", day=day, envelope=envelope)
         sql = queries.captured_queries[-1]["sql"]  # as sent, its parameters in place
         return state, _reservation_rows_read(sql)
 

@@ -109,7 +109,6 @@ def test_ledger_is_exact_under_concurrent_settlements_from_four_processes(accoun
     assert not Reservation.objects.exists()
 
 
-@pytest.mark.ledger("postgresql", "portable")  # the portable ledger with real workers too
 def test_ledger_matches_the_task_runs_of_real_workers(account, start_cluster):
     give_budget(account, cpu_seconds=100_000, max_concurrent=2)
     cluster = start_cluster("default", FAIRSHARE_WORKERS="2")

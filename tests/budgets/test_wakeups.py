@@ -9,7 +9,7 @@ from django.db import connection
 from django.test.utils import CaptureQueriesContext
 
 from budgets import clock
-from budgets.ledger import ledger
+from budgets import ledger
 from budgets.models import Budget, Reservation, ReservationStatus, UsageDay
 from budgets.admission import admit, admit_at_enqueue
 from budgets.settlement import settle
@@ -64,7 +64,7 @@ def held_while_charging(account, monkeypatch):
     committed)."""
     assert not admit_at_enqueue(envelope=Envelope(job="tests.noop", account=account.pk, ref="wake/held"),
                                 queue="default")
-    backend = ledger()
+    backend = ledger
     real_charge = backend.charge
 
     def charge_that_missed_the_hold(**kwargs):
@@ -127,7 +127,7 @@ def test_a_settlement_whose_charge_missed_a_hold_finds_it_once_committed(
 
 @pytest.mark.parametrize("watcher_looks", [True, False])
 def test_a_workers_settlement_leaves_its_look_to_the_watcher(
-    account, running, held_while_charging, monkeypatch, watcher_looks, ledger_backend,
+    account, running, held_while_charging, monkeypatch, watcher_looks,
 ):
     """In a worker the settlement's look after its commit is the watcher thread's, made at its
     next tick for every account and queue settled since (a statement less per run): the same
@@ -143,8 +143,7 @@ def test_a_workers_settlement_leaves_its_look_to_the_watcher(
                          meter=stopped_meter(), look_later=watcher.look_later)
 
     assert settled is not None
-    if ledger_backend == "postgresql":
-        assert len(queries) == 1  # the charge alone
+    assert len(queries) == 1  # the charge alone
     assert not released()
     assert watcher.look() is True and watcher.look() is False  # once per settled account and queue
     assert released() is watcher_looks

@@ -10,7 +10,7 @@ from django.utils import timezone
 
 from budgets.admission import admit
 from budgets.handoff import pull, release_due
-from budgets.ledger.order import BROKER_WAIT_FORGET_S
+from budgets.ledger.reads import BROKER_WAIT_FORGET_S
 from budgets.models import Budget, Reservation, ReservationStatus
 from scheduling.envelope import Envelope
 from scheduling.models import Backlog, DeferReason, DeferredTask

@@ -3,8 +3,7 @@ pull reads a bounded number of rows whatever it holds (SPEC §4 "Held work costs
 100,000 jobs held across 10,000 accounts (most of them out of budget until tomorrow, some jobs
 waiting for their own time, one account's long line), each statement is EXPLAIN ANALYZEd and the rows it reads from
 the holding area and its summary are counted: rows each scan returned plus those its filter
-removed, over all its loops. Both forms are checked where the ledgers differ: the kernel's SQL
-(the PostgreSQL ledger's statements) and its ORM queries (the portable ledger's). The SQL also in
+removed, over all its loops: the ledger's statements, and the holding area's ORM queries. The SQL also in
 the generic plan a prepared statement settles on (scheduling.db prepares the hot statements), whose
 estimates cannot see the parameters' values: a condition on a time parameter there reads as a
 third of the table, and a statement whose generic plan looks dear is planned anew on every call."""
@@ -17,10 +16,11 @@ from django.db import connection, transaction
 from django.test.utils import CaptureQueriesContext
 
 from budgets import clock as budget_clock
-from budgets.ledger import PassOn, ledger, order, portable, postgresql
+from budgets import ledger
+from budgets.ledger import PassOn
 from budgets.ledger import statements as s
 from budgets.models import Account, Budget, Reservation, ReservationStatus, UsageDay
-from scheduling import claims, clock, holding, sql
+from scheduling import clock, db, holding, sql
 from scheduling.envelope import Envelope
 from scheduling.metering import Meter
 from scheduling.models import Backlog, DeferReason, DeferredTask, Outcome, TaskRun
@@ -81,7 +81,7 @@ def generic_rows_read(statement: str, params: dict, tables=HELD_TABLES) -> dict[
 
 
 def orm_rows_read(run) -> dict[str, int]:
-    """`rows_read` of every statement `run()` sends (the portable ledger's ORM queries), summed."""
+    """`rows_read` of every statement `run()` sends (its ORM queries), summed."""
     with CaptureQueriesContext(connection) as queries:
         run()
     total = dict.fromkeys(HELD_TABLES, 0)
@@ -123,7 +123,7 @@ def holding_area():
     bulk_hold(rows)
     Backlog.objects.filter(account__in=exhausted).update(blocked_until=tomorrow)  # as `holding.block` leaves them
     # The capped account runs at its cap: its line cannot go.
-    ledger().dispatch(envelope=Envelope(job="tests.noop", account=capped.pk, ref="c-running"), queue="default",
+    ledger.dispatch(envelope=Envelope(job="tests.noop", account=capped.pk, ref="c-running"), queue="default",
                       day=budget_clock.budget_day())
     with connection.cursor() as cursor:
         cursor.execute("ANALYZE")
@@ -194,20 +194,14 @@ def test_each_question_about_held_work_reads_a_bounded_number_of_rows(holding_ar
     assert sum(orm_rows_read(holding.next_let_go).values()) == 1
 
 
-def test_the_portable_forms_read_a_bounded_number_of_rows_too(holding_area):
+def test_the_orm_questions_read_a_bounded_number_of_rows_too(holding_area):
+    """The holding area's questions asked through the ORM (a release's, the settlement's "anything
+    of this account's in line")."""
     capped, light = holding_area["capped"], holding_area["light"]
-    portable_ledger = portable.Ledger()
-    UsageDay.objects.create(account=light, queue="default", day=budget_clock.budget_day())
-    assert [ready[:2] for ready in portable_ledger.ready_accounts(queue="default", limit=4)] == [
-        (light.pk, "default"), (holding_area["lighter"].pk, "default")]
     checks = {
-        "claim": lambda: claims.claim(account_id=capped.pk, queue="default", worker="w", lease_s=30,
-                                      let_go=order.let_go()),
-        "pull's choice": lambda: portable_ledger.ready_accounts(queue="default", limit=4),
-        "settlement's question": lambda: holding.any_ready(queue="default"),
         "in line": lambda: holding.in_line(account_id=capped.pk, queue="default"),
         "release": lambda: holding.release_first(account_id=light.pk, queue="default", limit=1,
-                                                 let_go=order.let_go()),
+                                                 let_go=ledger.let_go()),
     }
     for name, run in checks.items():
         read = orm_rows_read(run)
@@ -231,7 +225,7 @@ def test_a_rate_limits_window_reads_no_more_than_its_limit_of_history():
               "claimant": None, "now": now, "wall_now": now}
     read = rows_read(s.STANDING, params, tables=(TaskRun._meta.db_table,))
     assert read[TaskRun._meta.db_table] <= 2 * 50 + 4, read  # the count's 50 and the oldest-in-window's 50
-    state = ledger().standing(account_id=account.pk, queue="default", day=budget_clock.budget_day())
+    state = ledger.standing(account_id=account.pk, queue="default", day=budget_clock.budget_day())
     assert state.rate_full and state.recent_starts == 50 and state.rate_frees_at is not None
 
 
@@ -250,7 +244,7 @@ def test_a_settlement_that_passes_its_slot_on_carrying_its_charge_reads_a_bounde
     with connection.cursor() as cursor:
         cursor.execute("ANALYZE")
     tables = (*HELD_TABLES, UsageDay._meta.db_table)
-    reads, send = {}, postgresql._one
+    reads, send = {}, db.fetch_one_named
 
     def explain_then_send(statement: str, params: dict):
         if statement.startswith("WITH r AS (DELETE"):  # the settlement's, ahead of sending it
@@ -260,9 +254,9 @@ def test_a_settlement_that_passes_its_slot_on_carrying_its_charge_reads_a_bounde
                     transaction.set_rollback(True)
         return send(statement, params)
 
-    monkeypatch.setattr(postgresql, "_one", explain_then_send)
+    monkeypatch.setattr(db, "fetch_one_named", explain_then_send)
     meter = Meter(cpu_ms=40, wall_ms=50)
-    charged = ledger().charge(slot_id=slot.pk, account_id=capped.pk, queue="default", meter=meter, cap_hit=False,
+    charged = ledger.charge(slot_id=slot.pk, account_id=capped.pk, queue="default", meter=meter, cap_hit=False,
                               end=RunEnd(meter=meter, outcome=Outcome.SUCCEEDED), now=clock.now(),
                               pass_on=PassOn(worker="w", day=today, lease_s=30))
 

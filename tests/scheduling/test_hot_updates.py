@@ -50,7 +50,7 @@ def test_the_updates_on_a_jobs_path_change_no_indexed_column():
         DeferredTask._meta.db_table: set_columns(sql.claim()),  # the claim of the job a slot goes to
         # The triggers' counts, for every job held or let go (scheduling.triggers).
         Backlog._meta.db_table: {"held", "in_line", *DeferReason.values},
-        UsageDay._meta.db_table: set_columns(settling.charge()),  # the settlement's charge
+        UsageDay._meta.db_table: set_columns(settling._charge_sql()),  # the settlement's charge
     }
     assert {"outcome", "finished_at"} <= updated[TaskRun._meta.db_table]
     assert updated[DeferredTask._meta.db_table] == {"claimed_by", "claim_expires_at"}

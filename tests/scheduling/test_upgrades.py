@@ -8,7 +8,7 @@ from django.db import connection, transaction
 from django_q.tasks import async_task
 
 from budgets.models import Role
-from scheduling import claims, clock, holding, sql
+from scheduling import clock, holding, sql
 from scheduling.actions import release_held
 from scheduling.envelope import VERSION
 from scheduling.models import DeferReason, DeferredTask, Outcome, TaskRun
@@ -165,13 +165,11 @@ def test_an_operator_release_of_parked_work_says_it_needs_a_newer_worker(account
 
 def test_a_parked_message_is_never_claimed_to_run_in_place_only_sent_back(account, settings):
     # Claims (hand-off, pull) rebuild an envelope from job/account/ref; a parked message must go
-    # back to the broker exactly as it came instead: it is never in its account's line. Both forms
-    # of the claim: the kernel's ORM one (the portable ledger's) and its SQL (the PostgreSQL ledger's).
+    # back to the broker exactly as it came instead: it is never in its account's line.
     execute(newer("tests.noop", account.pk, "r-1"))
     speaks(settings, NEWER)
 
     with transaction.atomic():
-        assert claims.claim(account_id=account.pk, queue="default", worker="w:1", lease_s=30) is None
         with connection.cursor() as cursor:
             now = clock.now()
             cursor.execute(sql.claim(), {"account_id": account.pk, "queue": "default", "worker": "w:1", "now": now,

@@ -1,0 +1,63 @@
+"""The transitions of a slot on a job's way to the broker: (none) -> DISPATCHED when it is sent,
+back to (none) when it is held again or could not be sent. All but the enqueue check's common case
+(`dispatch_or_hold`, one statement without the lock) run under the account's lock (budgets.locks).
+
+Cost: each writes or deletes the job's own slot row by key; `dispatch_or_hold` reads the account's
+Budget, usage row, slots and Backlog row, and the queue's slots sent in the broker window.
+"""
+import datetime as dt
+
+from django.utils import timezone
+
+from budgets import standing
+from budgets.ledger import statements as s
+from budgets.ledger.reads import broker_window
+from budgets.models import Reservation, ReservationStatus
+from scheduling import clock, db
+from scheduling.envelope import Envelope
+
+
+def dispatch_or_hold(*, envelope: Envelope, queue: str, day: dt.date) -> bool | None:
+    """The enqueue check's common case without the lock (an account with budget, a free slot and no
+    rate limit): True when the job took a dispatched slot, False when it joined the account's line
+    (behind its held work, or every worker being busy); None when the lock must decide."""
+    row = db.fetch_one(s.DISPATCH_OR_HOLD, {
+        "account_id": envelope.account, "queue": queue, "day": day, "job": envelope.job, "ref": envelope.ref,
+        "priority": envelope.priority, "lease": standing.dispatch_lease_expiry(), "created_at": timezone.now(),
+        "now": clock.now(), **broker_window()})
+    return None if row is None else row[0] is not None
+
+
+def dispatch(*, envelope: Envelope, queue: str, day: dt.date, lease_s: float | None = None) -> int:
+    """(none) -> DISPATCHED: a slot for a job on its way to the broker (or claimed by a worker, for
+    `lease_s`). Under the account's lock."""
+    expires = standing.dispatch_lease_expiry() if lease_s is None else timezone.now() + dt.timedelta(seconds=lease_s)
+    return Reservation.objects.create(
+        account_id=envelope.account, queue=queue, day=day, job=envelope.job, ref=envelope.ref,
+        status=ReservationStatus.DISPATCHED, lease_expires_at=expires).pk
+
+
+def dispatch_many(*, envelopes: list[Envelope], queue: str, day: dt.date) -> None:
+    """`dispatch` for a batch (enqueue_many, a release)."""
+    expires = standing.dispatch_lease_expiry()
+    Reservation.objects.bulk_create([
+        Reservation(account_id=e.account, queue=queue, day=day, job=e.job, ref=e.ref,
+                    status=ReservationStatus.DISPATCHED, lease_expires_at=expires) for e in envelopes])
+
+
+def redispatch(*, slot_id: int) -> None:
+    """DISPATCHED -> DISPATCHED: the job is sent again before its first message started (a
+    reconciler's re-send) on the slot it holds, with a new dispatch lease."""
+    Reservation.objects.filter(pk=slot_id).update(lease_expires_at=standing.dispatch_lease_expiry())
+
+
+def drop(*, slot_id: int) -> None:
+    """DISPATCHED -> (none): a sent or claimed job held again instead of admitted gives its slot back."""
+    Reservation.objects.filter(pk=slot_id, status=ReservationStatus.DISPATCHED).delete()
+
+
+def undispatch(*, envelope: Envelope, queue: str) -> None:
+    """DISPATCHED -> (none): the job could not be sent after all (the broker refused it)."""
+    dispatched = Reservation.objects.filter(account_id=envelope.account, queue=queue, job=envelope.job,
+                                            ref=envelope.ref, status=ReservationStatus.DISPATCHED)
+    Reservation.objects.filter(pk=dispatched.order_by("-pk").values_list("pk", flat=True).first()).delete()

@@ -1,0 +1,64 @@
+"""What the ledger's transitions return: small typed values, read from their statements' results."""
+import datetime as dt
+from dataclasses import dataclass
+from typing import NamedTuple
+
+from scheduling.envelope import Envelope
+from scheduling.models import TaskRun
+
+
+@dataclass(frozen=True)
+class Claimed:
+    """A held job claimed for a worker, with the slot taken for it: dispatched on the claim's
+    lease, or (`run` set) admitted ahead: active, `reserved_ms` reserved on the day's usage row
+    `usage_id`, its run recorded; it then only starts (`start_admitted`)."""
+
+    envelope: Envelope
+    slot_id: int
+    run: TaskRun | None = None
+    reserved_ms: int = 0
+    usage_id: int | None = None
+
+    @property
+    def admitted(self) -> bool:
+        return self.run is not None
+
+
+@dataclass(frozen=True)
+class Charged:
+    """What a settlement's charge did, and what it saw of the holding area while it did."""
+
+    task_run_id: int | None
+    was_active: bool  # it ran (admitted); else it was only dispatched or claimed
+    in_line: bool  # the account has held work in its line on this queue
+    waiting: bool  # some account's held work on the queue could go now (a free worker may pull it)
+    others_waiting: bool = False  # another account's turn comes first: the freed slot goes by the fair order
+    passed: Claimed | None = None  # the held job its slot was passed on to, admitted (`PassOn`)
+
+
+@dataclass(frozen=True)
+class PassOn:
+    """Asks a settlement's charge to pass the run's slot on, in the same statement, to the first job
+    of its account's line, claimed for `worker` and admitted with what the run left of its
+    reservation, when it may (else the slot is freed as without)."""
+
+    worker: str
+    day: dt.date  # today: a run charged to another day frees its slot instead
+    lease_s: float
+
+
+@dataclass(frozen=True)
+class AdmittedAtOnce:
+    """What `admit_at_once` did: `slot_id` None when it admitted nothing (the caller then admits
+    under the lock, which decides)."""
+
+    slot_id: int | None
+    paused: bool = False
+
+
+class Ready(NamedTuple):
+    """An account whose line on `queue` could go now, and its `share`: slots in use per weight."""
+
+    account_id: int
+    queue: str
+    share: float
