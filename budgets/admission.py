@@ -38,9 +38,9 @@ def admit_at_enqueue(*, envelope: Envelope, queue: str) -> bool:
     """The enqueue-time check: may the job go to the broker? If so it takes a slot (dispatched);
     if not it joins the holding area. Returns True when the caller should send it.
 
-    It is held when its account is out of budget today, already has work in line there (it waits
-    behind it, in line order), has reached its rate limit, or has no free slot on this queue, and
-    when every worker of the queue is busy (a job sent to the broker waits for one): then the busy
+    It is held for the first reason `standing.refusal` finds (out of budget today, its rate limit
+    reached, no free slot on this queue, work in line before it: it waits behind it, in line order),
+    and when every worker of the queue is busy (a job sent to the broker waits for one): then the busy
     workers' loops take it from the line in the fair order (budgets.handoff), and what the broker
     holds stays as short as the number of workers, instead of a flood waiting there first in,
     first out. CPU is reserved when it starts.
@@ -58,19 +58,11 @@ def admit_at_enqueue(*, envelope: Envelope, queue: str) -> bool:
         if state.own_slot is not None:
             ledger.redispatch(slot_id=state.own_slot)
             return True
-        if state.unreserved_ms <= 0:
-            reason, eligible_at = standing.out_of_budget(state, now)
-        elif state.in_line:
-            reason, eligible_at = DeferReason.QUEUED_BEHIND, now
-        elif state.starts_left == 0:
-            reason, eligible_at = standing.rate_wait(state, now)
-        elif state.free_slots <= 0:
-            reason, eligible_at = DeferReason.CONCURRENCY_CAP, now
-        elif ledger.broker_waiting(queue=queue):
-            reason, eligible_at = DeferReason.WORKERS_BUSY, now
-        else:
+        refused = standing.refusal(state, now, line=True, workers_busy=lambda: ledger.broker_waiting(queue=queue))
+        if refused is None:
             ledger.dispatch(envelope=envelope, queue=queue, day=day)
             return True
+        reason, eligible_at = refused
         hold_counted(envelope=envelope, queue=queue, state=state, day=day, reason=reason, eligible_at=eligible_at)
     return False
 
@@ -110,7 +102,7 @@ def admit(*, envelope: Envelope, queue: str, estimate_ms: int, worker: str, clai
             if own is not None:
                 ledger.drop(slot_id=own)  # its slot, if the reclaim has not taken it
             return Admission(None)
-        refused = _refusal(state, now)
+        refused = standing.refusal(state, now, at_start=True)
         if refused is not None:
             if own is not None:
                 ledger.drop(slot_id=own)
@@ -126,19 +118,6 @@ def admit(*, envelope: Envelope, queue: str, estimate_ms: int, worker: str, clai
         slot_id = ledger.activate(envelope=envelope, queue=queue, state=state, day=day, own=own,
                                     reserve_ms=reserve_ms, run=run, worker=worker, claimant=claimant)
     return Admission(slot_id, allowance_ms=reserve_ms, paused=state.paused)
-
-
-def _refusal(state: Standing, now: dt.datetime) -> tuple[str, dt.datetime] | None:
-    """Why a job may not start now (and until when), or None: the cap, the budget and the rate limit
-    must all let it. Without a slot of its own it needs a free one; with one, the cap on running
-    jobs still holds (two enqueues racing through the lock-free check can dispatch one too many)."""
-    if (state.own_slot is None and state.free_slots <= 0) or state.active >= state.max_concurrent:
-        return DeferReason.CONCURRENCY_CAP, now  # released as soon as one of the account's runs settles
-    if state.unreserved_ms <= 0:
-        return standing.out_of_budget(state, now)
-    if state.rate_full:
-        return standing.rate_wait(state, now)
-    return None
 
 
 def start_admitted(*, claimed: Claimed, queue: str, worker: str) -> Admission:

@@ -8,7 +8,9 @@ and holds the rest with one insert, in order: the first for the reason it could 
 others queued behind it.
 """
 import datetime as dt
+import functools
 from collections import defaultdict
+from dataclasses import replace
 
 from django.db import transaction
 from django.db.models import F
@@ -35,31 +37,26 @@ def admit_many_at_enqueue(*, envelopes: list[Envelope], queue: str) -> list[bool
     for account_id, indexes in by_account.items():
         with transaction.atomic():
             state = locked_standing(account_id=account_id, queue=queue, day=day)
-            free = 0 if state.unreserved_ms <= 0 or state.in_line else max(0, state.free_slots)
-            fits = free if state.starts_left is None else min(free, state.starts_left)
-            rate_bound = fits < free  # the rate limit, not the slots, stopped the batch
-            busy = fits > 0 and ledger.broker_waiting(queue=queue)  # every worker busy: all of it waits in line
-            fits = 0 if busy else fits
+            busy = functools.cache(lambda: ledger.broker_waiting(queue=queue))
+            fits = 0
+            if standing.refusal(state, now, line=True, workers_busy=busy) is None:
+                fits = max(0, state.free_slots) if state.starts_left is None else min(state.free_slots, state.starts_left)
             go, wait = indexes[:fits], indexes[fits:]
             ledger.dispatch_many(envelopes=[envelopes[i] for i in go], queue=queue, day=day)
             for i in go:
                 verdicts[i] = True
             if wait:
+                # The first held job's reason is the rule's for the account once the batch's first
+                # `fits` took their slots (each on its way, for the rate limit as for the cap).
+                after = replace(state, in_flight=state.in_flight + fits)
+                reason, eligible_at = standing.refusal(after, now, line=True, workers_busy=busy)
                 _hold(state, [envelopes[i] for i in wait], account_id=account_id, queue=queue, day=day, now=now,
-                      rate_bound=rate_bound, busy=busy)
+                      reason=reason, eligible_at=eligible_at)
     return verdicts
 
 
 def _hold(state: Standing, envelopes: list[Envelope], *, account_id: int, queue: str, day: dt.date,
-          now: dt.datetime, rate_bound: bool, busy: bool) -> None:
-    if state.unreserved_ms <= 0:
-        reason, eligible_at = standing.out_of_budget(state, now)
-    elif busy:
-        reason, eligible_at = DeferReason.WORKERS_BUSY, now
-    elif rate_bound:
-        reason, eligible_at = standing.rate_wait(state, now)
-    else:
-        reason, eligible_at = (DeferReason.QUEUED_BEHIND if state.in_line else DeferReason.CONCURRENCY_CAP), now
+          now: dt.datetime, reason: str, eligible_at: dt.datetime) -> None:
     hold_many(envelopes=envelopes[:1], queue=queue, reason=reason, eligible_at=eligible_at)
     if len(envelopes) > 1:
         behind = DeferReason.QUEUED_BEHIND if reason in (DeferReason.CONCURRENCY_CAP, DeferReason.RATE_LIMITED,

@@ -33,7 +33,7 @@ from budgets.locks import locked_standing
 from budgets.standing import Standing
 from scheduling import holding
 from scheduling.envelope import Envelope
-from scheduling.models import DeferReason
+from scheduling.models import ACCOUNT_WAITS_REASONS
 from scheduling.registry import get_job
 
 # How many accounts a pull looks at before it gives up (each one it cannot use is passed over: its
@@ -67,14 +67,12 @@ def hold_up(*, account_id: int, queue: str, state: Standing) -> None:
     next budget day, its rate limit reached until the oldest start leaves the window) has its line
     held up until then (scheduling.holding.block): until then no pull, hand-off or release looks at
     it, and the accounts that could run are found without it."""
-    if not state.in_line or state.paused:
+    if not state.in_line:
         return
-    if state.unreserved_ms <= 0:
-        reason, until = standing.out_of_budget(state, clock.now())
-        if reason == DeferReason.BUDGET_EXHAUSTED:
-            holding.block(account_id=account_id, queue=queue, until=until, reason=reason)
-    elif standing.held_up_by_rate(state):
-        holding.block(account_id=account_id, queue=queue, until=state.rate_frees_at, reason=DeferReason.RATE_LIMITED)
+    now = clock.now()
+    refused = standing.refusal(state, now, pause=True)
+    if refused is not None and refused[0] in ACCOUNT_WAITS_REASONS and refused[1] > now:
+        holding.block(account_id=account_id, queue=queue, until=refused[1], reason=refused[0])
 
 
 def release_locked(*, account_id: int, queue: str, limit: int | None = None, for_idle_worker: bool = False) -> int:

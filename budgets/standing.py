@@ -25,6 +25,7 @@ last start of a window both (the lock-free paths leave rate-limited accounts to 
 the window costs at most N index entries (scheduling.sql `recent_starts`).
 """
 import datetime as dt
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from django.conf import settings
@@ -32,6 +33,7 @@ from django.utils import timezone
 
 from budgets import clock
 from scheduling.models import DeferReason
+from scheduling.pausing import UNTIL_RESUMED
 
 
 @dataclass(frozen=True)
@@ -91,11 +93,39 @@ class Standing:
                 and not self.rate_full)
 
 
+def refusal(state: Standing, now: dt.datetime, *, at_start: bool = False, line: bool = False,
+            workers_busy: Callable[[], bool] | None = None, pause: bool = False) -> tuple[str, dt.datetime] | None:
+    """Why the account's job may not go now, and from when it may (None: it may): the one rule,
+    in one order, for every way in (enqueue, enqueue_many, the start, a release, a hand-off or pull,
+    and what the surfaces say of a held line): paused, out of CPU budget, rate limited, at its cap,
+    behind its line (`line`), every worker busy (`workers_busy`, asked last: it reads the broker).
+
+    At a run's start (`at_start`) the job already holds a slot or a claim (a sent or claimed job):
+    its rate limit counts what started, and the cap the running jobs; on its way (enqueue, release)
+    a job takes a slot, and the jobs dispatched ahead of it count as started. A pause is decided by
+    scheduling.pausing under the covering pause's row lock (a resume waits for it), so the decisions
+    here leave it to that; what is said of a held line names it first (`pause`)."""
+    if pause and state.paused:
+        return DeferReason.PAUSED, UNTIL_RESUMED
+    if state.unreserved_ms <= 0:
+        return out_of_budget(state, now)
+    if state.rate_full if at_start else state.starts_left == 0:
+        return rate_wait(state, now)
+    if state.active >= state.max_concurrent or (
+            not (at_start and state.own_slot is not None) and state.free_slots <= 0):
+        return DeferReason.CONCURRENCY_CAP, now  # released as soon as one of the account's runs settles
+    if line and state.in_line:
+        return DeferReason.QUEUED_BEHIND, now
+    if workers_busy is not None and workers_busy():
+        return DeferReason.WORKERS_BUSY, now
+    return None
+
+
 def releasable(state: Standing) -> int:
     """How many of the account's held jobs its standing lets go now: none when nothing is in line,
-    when a pause covers it, or when they would only be held again (no budget left to reserve, its
-    rate limit reached); else its free slots, at most the starts its rate limit has left."""
-    if not state.in_line or state.paused or state.unreserved_ms <= 0:
+    when a pause covers it, or when `refusal` would hold them again; else its free slots, at most
+    the starts its rate limit has left."""
+    if not state.in_line or refusal(state, clock.now(), pause=True) is not None:
         return 0
     free = max(0, state.free_slots)
     return free if state.starts_left is None else min(free, state.starts_left)

@@ -113,7 +113,10 @@ def test_enqueue_waits_behind_held_work_of_the_same_account(account, other_accou
     admit(envelope=envelope(account, "a"), queue="default", estimate_ms=10, worker="w")
     admit(envelope=envelope(account, "b"), queue="default", estimate_ms=10, worker="w")
     assert not admit_at_enqueue(envelope=envelope(account, "c"), queue="default")
-    assert DeferredTask.objects.get(ref="c").reason == DeferReason.QUEUED_BEHIND
+    # It joins the line behind "b", held for the first cause the rule finds: the cap (before "behind
+    # its line": budgets.standing.refusal).
+    c = DeferredTask.objects.get(ref="c")
+    assert c.reason == DeferReason.CONCURRENCY_CAP and c.in_line_since >= DeferredTask.objects.get(ref="b").in_line_since
     # Another account is not affected.
     assert admit_at_enqueue(envelope=envelope(other_account, "x"), queue="default")
 
@@ -212,8 +215,9 @@ def test_a_sent_job_holds_a_slot_until_it_starts_so_a_burst_waits_in_the_holding
     # The only slot is taken by the job in the broker: the rest of the burst never reaches it.
     assert enqueue(job="tests.noop", account=account.pk, ref="b") is None
     assert enqueue(job="tests.noop", account=account.pk, ref="c") is None
+    # Both for the cause (the cap comes before "behind its line" in budgets.standing.refusal).
     assert list(DeferredTask.objects.values_list("ref", "reason")) == [
-        ("b", DeferReason.CONCURRENCY_CAP), ("c", DeferReason.QUEUED_BEHIND)]
+        ("b", DeferReason.CONCURRENCY_CAP), ("c", DeferReason.CONCURRENCY_CAP)]
     assert [e["ref"] for e in queued_envelopes()] == ["a"]
 
     # When it starts, the run takes over its own slot (no deferral), and settling releases the next.

@@ -58,7 +58,7 @@ def test_an_account_at_its_rate_limit_waits_with_its_reason_and_eta_and_goes_whe
     # Three go (a job on its way counts as a start), two wait: its slots are free, its rate is not.
     assert [s is not None for s in sent] == [True, True, True, False, False]
     assert DeferredTask.objects.get(ref="0/3").reason == DeferReason.RATE_LIMITED
-    assert DeferredTask.objects.get(ref="0/4").reason == DeferReason.QUEUED_BEHIND
+    assert DeferredTask.objects.get(ref="0/4").reason == DeferReason.RATE_LIMITED  # the cause, before its line
 
     runs = [start(account, f"0/{i}") for i in range(3)]
     first_start = TaskRun.objects.order_by("started_at").first().started_at
