@@ -17,12 +17,14 @@ import datetime as dt
 from dataclasses import dataclass, field
 
 from django.conf import settings
-from django.db.models import OuterRef, Q, QuerySet, Subquery, Sum
+from django.db.models import Case, F, OuterRef, Q, QuerySet, Subquery, Sum, Value, When
 from django.utils import timezone
 
-from budgets import clock
+from budgets import clock, waits
 from budgets.models import Account, Budget, UsageDay
 from budgets.selectors import BudgetStatus, budget_status
+from scheduling import clock as kernel_clock
+from scheduling.gates import Wait
 from scheduling.models import Backlog, DeferReason, DeferredTask, Pause, TaskRun, WorkerHeartbeat
 
 WINDOWS_S = (300, 900)  # the shares shown: over the last 5 and 15 minutes
@@ -40,6 +42,7 @@ class FairShareRow:
     held_by_reason: dict[str, int] = field(default_factory=dict)
     oldest_held_at: dt.datetime | None = None
     oldest_held_reason: str = ""
+    line_wait: Wait | None = None  # what its line waits for now (budgets.waits), when it has work in line
     paused: bool = False
 
     def share(self, window_s: int) -> float | None:
@@ -63,6 +66,9 @@ class FairShareRow:
             "held": s.held, "held_by_reason": {labels.get(r, r): n for r, n in self.held_by_reason.items()},
             "oldest_wait_s": None if self.oldest_held_at is None else round(self.oldest_wait_s(now), 1),
             "oldest_reason": labels.get(self.oldest_held_reason, self.oldest_held_reason),
+            "line_waits_for": None if self.line_wait is None else {
+                "reason": labels.get(self.line_wait.reason, self.line_wait.reason),
+                "until": None if self.line_wait.eta is None else self.line_wait.eta.isoformat()},
             "cpu_used_s": s.cpu_used_ms / 1000, "cpu_reserved_s": s.cpu_reserved_ms / 1000,
             "cpu_limit_s": s.cpu_limit_ms / 1000, "paused": self.paused, "weight": s.weight,
             "rate_limit": None if s.rate_starts is None else {
@@ -158,7 +164,10 @@ def fair_share_now(*, accounts: QuerySet[Account], superuser: bool, search: str 
     # however many it holds).
     oldest = DeferredTask.objects.filter(account_id=OuterRef("account_id"), queue=OuterRef("queue")).order_by("created_at")
     backlogs = {(b.account_id, b.queue): b for b in Backlog.objects.filter(account__in=ids, held__gt=0).annotate(
-        oldest_at=Subquery(oldest.values("created_at")[:1]), oldest_reason=Subquery(oldest.values("reason")[:1]))}
+        oldest_at=Subquery(oldest.values("created_at")[:1]),
+        # Its reason if it waits for a time of its own; "" in line (it waits for what its line does).
+        oldest_reason=Subquery(oldest.values(own=Case(When(in_line_since__isnull=False, then=Value("")),
+                                                      default=F("reason")))[:1]))}
     # Pauses covering them (an account's, or a whole queue's): one row per pause, by its unique index.
     pauses = set(Pause.objects.filter(Q(account__in=ids) | Q(account__isnull=True)).values_list("account_id", "queue"))
     # Live workers per queue: one heartbeat row per worker process.
@@ -166,17 +175,39 @@ def fair_share_now(*, accounts: QuerySet[Account], superuser: bool, search: str 
     workers: dict[str, int] = {}
     for queue in WorkerHeartbeat.objects.filter(seen_at__gte=heard_since).values_list("queue", flat=True):
         workers[queue] = workers.get(queue, 0) + 1
+    clock_now = kernel_clock.now()  # held work's times are the kernel's clock's
     rows = []
     for account_id, queue in keys:
         s = status.get((slugs.get(account_id), queue))
         if s is None:  # a ledger row or a backlog left without a budget: nothing to show against
             continue
         backlog = backlogs.get((account_id, queue))
+        paused = bool({(account_id, ""), (account_id, queue), (None, queue)} & pauses)
+        # What its line waits for now, from what this page read (budgets.waits): no query more.
+        line = None if backlog is None or not backlog.in_line else waits.line_wait(
+            s, in_line=True, blocked_until=backlog.blocked_until, paused=paused, now=clock_now)
         rows.append(FairShareRow(
             account_id=account_id, account_name=names.get(account_id, ""), budget_id=budget_ids[(account_id, queue)],
             status=s, busy_s=busy.get((account_id, queue), dict.fromkeys(WINDOWS_S, 0.0)), workers=workers.get(queue, 0),
-            held_by_reason=backlog.by_reason() if backlog else {},
+            held_by_reason=_held_by_reason(backlog, line),
             oldest_held_at=backlog.oldest_at if backlog else None,
-            oldest_held_reason=backlog.oldest_reason or "" if backlog else "",
-            paused=bool({(account_id, ""), (account_id, queue), (None, queue)} & pauses)))
+            oldest_held_reason=_oldest_reason(backlog, line), line_wait=line, paused=paused))
     return rows
+
+
+def _held_by_reason(backlog: Backlog | None, line: Wait | None) -> dict[str, int]:
+    """A line's held jobs by what they wait for now: those in line for the line's reason, the others
+    (waiting for a time of their own) for the reason they were held for."""
+    if backlog is None:
+        return {}
+    held = backlog.by_reason()
+    if line is not None:
+        held[line.reason] = held.get(line.reason, 0) + backlog.in_line
+    return held
+
+
+def _oldest_reason(backlog: Backlog | None, line: Wait | None) -> str:
+    """What the line's oldest held job waits for now: its line's reason, or its own time's."""
+    if backlog is None:
+        return ""
+    return line.reason if not backlog.oldest_reason and line is not None else backlog.oldest_reason or ""

@@ -1,11 +1,11 @@
 """The budget gate: budgets' enqueue-time check and the held work a free worker runs next,
 plugged into the kernel through FAIRSHARE["ENQUEUE_GATES"] (scheduling.gates.EnqueueGate)."""
-from budgets import admission, bulk, handoff
+from budgets import admission, bulk, handoff, waits
 from budgets.ledger import Claimed
 from budgets.middleware import RunSlot
 from scheduling.context import Handoff, TaskContext
 from scheduling.envelope import Envelope
-from scheduling.gates import EnqueueGate
+from scheduling.gates import EnqueueGate, Wait
 
 
 class BudgetGate(EnqueueGate):
@@ -35,6 +35,9 @@ class BudgetGate(EnqueueGate):
             return None
         claimed = handoff.pull(queue=queue, worker=worker)
         return _handoff(claimed) if claimed is not None else None
+
+    def explain_lines(self, *, lines: set[tuple[int, str]]) -> dict[tuple[int, str], Wait]:
+        return waits.line_waits(lines=lines)
 
 
 def _handoff(claimed: Claimed) -> Handoff:

@@ -16,6 +16,7 @@ from budgets.fairshare import MAX_TOP, TOP, WINDOWS_S, fair_share_now
 from budgets.tenancy import accounts_visible_to
 from scheduling.charts import burn_down
 from scheduling.dashboard import refresh_s
+from scheduling.waits import wait_text
 
 SEARCH_MAX_CHARS = 100
 
@@ -48,7 +49,8 @@ def _cells(row, now) -> dict:
         "cpu_used_s": s.cpu_used_ms / 1000, "cpu_limit_s": s.cpu_limit_ms / 1000,
         "reasons": [(reason.replace("_", " "), n) for reason, n in
                     sorted(row.held_by_reason.items(), key=lambda item: -item[1])],
-        "oldest_reason": row.oldest_held_reason.replace("_", " "),
+        "oldest_reason": (wait_text(row.line_wait, now) if row.line_wait is not None
+                          and row.oldest_held_reason == row.line_wait.reason else row.oldest_held_reason.replace("_", " ")),
     }
 
 

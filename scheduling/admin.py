@@ -1,9 +1,9 @@
 from django.contrib import admin
+from django.contrib.admin.views.main import ChangeList
 from django.core.paginator import Paginator
 from django.http import HttpResponseRedirect
 from django.urls import reverse
 from django.utils.functional import cached_property
-from django.utils.timesince import timeuntil
 
 from budgets.models import Role
 from budgets.tenancy import ReadOnlyAdmin, accounts_visible_to, action_role
@@ -11,8 +11,9 @@ from scheduling import clock
 from scheduling.actions import release_held
 from scheduling.models import DeferReason, DeferredTask, Pause, TaskRun, TaskRunDaily, WorkerHeartbeat
 from scheduling.operator import message_results
-from scheduling.pausing import UNTIL_RESUMED, pause, resume
-from scheduling.selectors import line_held_up, with_their_line
+from scheduling.gates import Wait
+from scheduling.pausing import pause, resume
+from scheduling.waits import eta_text, why_held
 
 
 class CappedPaginator(Paginator):
@@ -24,6 +25,17 @@ class CappedPaginator(Paginator):
     @cached_property
     def count(self) -> int:
         return self.object_list[:self.CAP + 1].count()
+
+
+class _WaitsChangeList(ChangeList):
+    """The holding area's list, with what each held job waits for read for the page at once (one
+    explanation per line shown: scheduling.waits)."""
+
+    def get_results(self, request):
+        super().get_results(request)
+        waits = why_held(list(self.result_list))
+        for held in self.result_list:
+            held.wait = waits[held.pk]
 
 
 @admin.register(TaskRun)
@@ -49,7 +61,7 @@ class TaskRunAdmin(ReadOnlyAdmin):
 class DeferredTaskAdmin(ReadOnlyAdmin):
     """The holding area: why is this waiting, and until when?"""
 
-    list_display = ["job", "ref", "account", "queue", "reason", "eligible_at", "eta", "priority", "deferrals",
+    list_display = ["job", "ref", "account", "queue", "waiting_for", "eta", "priority", "deferrals",
                     "envelope_version", "created_at"]
     list_filter = ["reason", "queue", "job", "account", "envelope_version"]
     search_fields = ["ref", "job"]
@@ -58,21 +70,33 @@ class DeferredTaskAdmin(ReadOnlyAdmin):
     paginator = CappedPaginator
     actions = ["release"]
 
-    def get_queryset(self, request):
-        return with_their_line(super().get_queryset(request))
+    def get_changelist(self, request, **kwargs):
+        return _WaitsChangeList
+
+    def get_fields(self, request, obj=None):
+        """What it waits for now first (its own page), then the record."""
+        return list(dict.fromkeys(["waiting_for", "eta", *super().get_fields(request, obj)]))
+
+    def get_readonly_fields(self, request, obj=None):
+        return ["waiting_for", "eta", *super().get_readonly_fields(request, obj)]
+
+    def _wait(self, obj) -> Wait:
+        """Its wait as the page read it for every row at once, or (its own page) for it alone."""
+        if not hasattr(obj, "wait"):
+            obj.wait = why_held([obj])[obj.pk]
+        return obj.wait
+
+    @admin.display(description="waiting for")
+    def waiting_for(self, obj):
+        """Its line's reason now (scheduling.waits), not the one it was held for."""
+        wait = self._wait(obj)
+        return DeferReason(wait.reason).label if wait.reason in DeferReason.values else wait.reason
 
     @admin.display(description="ETA")
     def eta(self, obj):
-        now = clock.now()  # held work's times are on the kernel's (shiftable) clock
         if obj.reason == DeferReason.NEEDS_NEWER_WORKER:
             return f"when a worker that speaks envelope v{obj.envelope_version} runs"
-        if obj.in_line_since is None:  # it waits for a time of its own
-            return "when resumed" if obj.eligible_at >= UNTIL_RESUMED else f"in {timeuntil(obj.eligible_at, now)}"
-        held_up = line_held_up(obj, now)
-        if held_up is not None:
-            until, why = held_up
-            return f"in {timeuntil(until, now)} (its account's {why})"
-        return "when a slot frees"
+        return eta_text(self._wait(obj), clock.now()) or "—"  # held work's times: the kernel's clock
 
     @admin.action(description="Release now (back to the queue)", permissions=["release"])
     @action_role(Role.OPERATOR)

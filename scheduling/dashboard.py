@@ -28,7 +28,7 @@ from budgets.tenancy import accounts_visible_to
 from scheduling import charts
 from scheduling.liveness import queue_health
 from scheduling.models import Backlog, DeferReason, Outcome, Pause, TaskRun, TaskRunDaily
-from scheduling.selectors import held_counts
+from scheduling.waits import held_counts
 
 FAILURES = (Outcome.FAILED, Outcome.RETRYING, Outcome.LOST, Outcome.REJECTED)
 DAYS = 14

@@ -3,13 +3,22 @@ a free worker runs next. Listed in FAIRSHARE["ENQUEUE_GATES"] (dotted paths, ins
 like Django's AUTHENTICATION_BACKENDS; budgets.gate.BudgetGate is the default, after
 scheduling.pausing.PauseGate. Gates see account work only.
 """
+import datetime as dt
 import functools
+from typing import NamedTuple
 
 from django.conf import settings
 from django.utils.module_loading import import_string
 
 from scheduling.context import Handoff, TaskContext
 from scheduling.envelope import Envelope
+
+
+class Wait(NamedTuple):
+    """What held work waits for (a DeferReason) and from when it may go (None: no time is known)."""
+
+    reason: str
+    eta: dt.datetime | None
 
 
 class EnqueueGate:
@@ -40,6 +49,12 @@ class EnqueueGate:
         `after` (the gate's middleware may have handed that run's slot on already), or one it pulls
         in the gate's fair order into a free slot; None when there is none."""
         return None
+
+    def explain_lines(self, *, lines: set[tuple[int, str]]) -> dict[tuple[int, str], Wait]:
+        """What each account's line (account id, queue) that the gate holds work in waits for now,
+        and until when, for what anyone is shown of a held job (scheduling.waits); lines it says
+        nothing of are left to the next gate, then to the reason each job was held for."""
+        return {}
 
 
 def enqueue_gates() -> tuple[EnqueueGate, ...]:

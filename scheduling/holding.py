@@ -98,7 +98,8 @@ def block(*, account_id: int, queue: str, until: dt.datetime, reason: str = Defe
       wait for the same (index deferred_budget_reserved: they are a handful at most);
     - its rate limit is reached: the first job of its line says so, with that time (one row, by
       the line's index)."""
-    Backlog.objects.filter(account_id=account_id, queue=queue, blocked_until__lt=until).update(blocked_until=until)
+    Backlog.objects.filter(account_id=account_id, queue=queue, blocked_until__lt=until).update(
+        blocked_until=until, blocked_reason=reason)
     clock.set_alarm(until)  # this process's pulse lets it go then (another process's looks at its next tick)
     if reason == DeferReason.BUDGET_EXHAUSTED:
         DeferredTask.objects.filter(account_id=account_id, queue=queue, reason=DeferReason.BUDGET_RESERVED).update(

@@ -167,7 +167,7 @@ class DeferredTask(models.Model):
         ]
 
     def __str__(self) -> str:
-        return f"{self.job} {self.ref} ({self.reason})"
+        return f"{self.job} {self.ref}"  # its reason now is its line's (scheduling.waits), not the one stored
 
 
 # Backlog.blocked_until of an account whose line is not held up.
@@ -175,17 +175,19 @@ NOT_BLOCKED = dt.datetime(1970, 1, 1, tzinfo=dt.UTC)
 
 
 class Backlog(models.Model):
-    """The holding area counted, per account and queue: how many jobs it holds (`held`, and by
-    reason: one column per DeferReason), how many of them are in the account's line (`in_line`:
-    they go as soon as the account may run), and until when the whole line waits
-    (`blocked_until`: the account's budget is spent until the next budget day, or its rate limit
+    """The holding area counted, per account and queue: how many jobs it holds (`held`), how many of
+    them are in the account's line (`in_line`: they go as soon as the account may run, and wait for
+    whatever the line waits for now: scheduling.waits), those out of it, waiting for a time of their
+    own, by the reason they were held for (one column per DeferReason), and until when and why the
+    whole line waits
+    (`blocked_until`, `blocked_reason`: the account's budget is spent until the next budget day, or its rate limit
     is reached until the oldest start leaves its window; NOT_BLOCKED once the pulse let it go). What a worker asks
     per task and per tick about held work ("is anything of this account's in line", "which
     accounts could run now"), and what the views show of it, read this table: their cost follows
     the number of accounts, never the number of held jobs.
 
     The counts are kept by database triggers on DeferredTask, in the statement that changes it
-    (migration 0012_backlog: per statement for inserts and deletes, per changed row for a change
+    (migrations 0012_backlog, 0020_backlog_blocked_reason: per statement for inserts and deletes, per changed row for a change
     of account, queue, place in line or reason); `blocked_until` by scheduling.holding (`block`,
     `unblock`). A new DeferReason needs a column here and the triggers rewritten with it
     (scheduling.triggers; a test checks that every reason has its column).
@@ -196,6 +198,9 @@ class Backlog(models.Model):
     held = models.PositiveIntegerField(default=0)
     in_line = models.PositiveIntegerField(default=0)
     blocked_until = models.DateTimeField(default=NOT_BLOCKED)
+    # Why the line is held up until `blocked_until` (one of ACCOUNT_WAITS_REASONS; meaningless once
+    # that time passed): what /metrics says of its jobs without reading each line's standing.
+    blocked_reason = models.CharField(max_length=30, blank=True, db_default="")  # the triggers insert without it
     budget_exhausted = models.PositiveIntegerField(default=0)
     concurrency_cap = models.PositiveIntegerField(default=0)
     budget_reserved = models.PositiveIntegerField(default=0)
@@ -228,7 +233,7 @@ class Backlog(models.Model):
         return f"{self.account_id} / {self.queue}: {self.in_line} in line of {self.held} held"
 
     def by_reason(self) -> dict[str, int]:
-        """The held jobs by reason, those it holds any of."""
+        """The held jobs out of the line (waiting for a time of their own) by reason, those it holds any of."""
         return {reason: getattr(self, reason) for reason in DeferReason.values if getattr(self, reason)}
 
 

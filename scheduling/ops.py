@@ -11,7 +11,7 @@ from scheduling import clock, monitoring
 from scheduling.liveness import queue_health, queue_problem
 from scheduling.holding import LINE_ORDER
 from scheduling.models import Backlog, DeferredTask, Outcome, TaskRun, TaskRunDaily
-from scheduling.selectors import held_counts
+from scheduling.waits import held_counts
 
 # Counter family suffix -> (the TaskRun / TaskRunDaily field it sums, help text).
 TASK_SECONDS = {

@@ -1,10 +1,7 @@
 """Reads of the scheduling app that other apps share."""
 import datetime as dt
-from collections import Counter
 
-from django.db.models import Count, OuterRef, QuerySet, Subquery, Sum
-
-from scheduling.models import NOT_STARTED, Backlog, DeferReason, DeferredTask, Outcome, TaskRun
+from scheduling.models import NOT_STARTED, Outcome, TaskRun
 
 
 def finished_run_cpu_ms(*, run_id: int) -> int | None:
@@ -13,40 +10,9 @@ def finished_run_cpu_ms(*, run_id: int) -> int | None:
             .values_list("cpu_ms", flat=True).first())
 
 
-def held_counts(*, backlogs: QuerySet[Backlog], account_less: bool) -> Counter:
-    """Held jobs by (queue, reason): the Backlog rows' counts summed per queue (one query, one row
-    per account and queue read, never the held jobs), plus, with `account_less`, the held jobs of no
-    account (parked or scheduled system work: few, by the index of their account column)."""
-    counts: Counter = Counter()
-    for row in backlogs.values("queue").annotate(**{reason: Sum(reason) for reason in DeferReason.values}).order_by():
-        counts.update({(row["queue"], reason): row[reason] for reason in DeferReason.values if row[reason]})
-    if account_less:
-        counts.update({(r["queue"], r["reason"]): r["n"] for r in DeferredTask.objects.filter(account__isnull=True)
-                       .values("queue", "reason").annotate(n=Count("pk")).order_by()})
-    return counts
-
-
 def recent_starts(*, account_id: int, queue: str, since: dt.datetime, limit: int) -> list[dt.datetime]:
     """When the account's latest runs on the queue started, newest first: those since `since` (a
     rate limit's window), at most `limit` (index taskrun_account_queue_started: at most `limit`
     entries read, whatever the history holds). scheduling.sql's `recent_starts` in SQL."""
     return list(TaskRun.objects.filter(account_id=account_id, queue=queue, started_at__gt=since)
                 .exclude(outcome__in=NOT_STARTED).order_by("-started_at").values_list("started_at", flat=True)[:limit])
-
-
-def with_their_line(held: QuerySet[DeferredTask]) -> QuerySet[DeferredTask]:
-    """Held jobs with what their account's line waits for (`line_held_up`): until when it is held
-    up, and whether by its rate limit (its first job says "rate limited") rather than its budget.
-    Two lookups of the job's Backlog row by its unique key."""
-    line = Backlog.objects.filter(account_id=OuterRef("account_id"), queue=OuterRef("queue"))
-    return held.annotate(line_blocked_until=Subquery(line.values("blocked_until")[:1]),
-                         line_rate_limited=Subquery(line.filter(rate_limited__gt=0, budget_exhausted=0).values("pk")[:1]))
-
-
-def line_held_up(held: DeferredTask, now: dt.datetime) -> tuple[dt.datetime, str] | None:
-    """Until when a job in its account's line waits with the whole line, and why ("rate limit",
-    "budget"); None when the line may go (it waits for a slot). Read from `with_their_line`."""
-    until = getattr(held, "line_blocked_until", None)
-    if held.in_line_since is None or until is None or until <= now:
-        return None
-    return until, "rate limit" if getattr(held, "line_rate_limited", None) else "budget"

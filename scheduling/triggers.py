@@ -14,6 +14,10 @@ from dataclasses import dataclass
 @dataclass(frozen=True)
 class Triggers:
     reasons: tuple[str, ...]
+    # Count each reason only for the jobs out of their account's line (waiting for a time of their
+    # own): a job in line waits for whatever its line waits for now (scheduling.waits), and the
+    # reason it was held for goes stale. Migrations before 0020 counted every held job.
+    own_time: bool = False
 
     @property
     def counts(self) -> tuple[str, ...]:
@@ -22,12 +26,16 @@ class Triggers:
 
     def _counted(self) -> tuple[str, ...]:
         """Each count of a set of held rows, in `counts`' order (PostgreSQL aggregates)."""
-        return ("count(*)", "count(in_line_since)", *(f"count(*) FILTER (WHERE reason = '{r}')" for r in self.reasons))
+        out_of_line = " AND in_line_since IS NULL" if self.own_time else ""
+        return ("count(*)", "count(in_line_since)",
+                *(f"count(*) FILTER (WHERE reason = '{r}'{out_of_line})" for r in self.reasons))
 
     def _row_counts(self, row: str) -> str:
         """Each count of one row (`OLD`, `NEW`), in `counts`' order, as 0 or 1."""
+        out_of_line = f" AND {row}.in_line_since IS NULL" if self.own_time else ""
         return ", ".join(["1", f"(CASE WHEN {row}.in_line_since IS NULL THEN 0 ELSE 1 END)",
-                          *(f"(CASE WHEN {row}.reason = '{reason}' THEN 1 ELSE 0 END)" for reason in self.reasons)])
+                          *(f"(CASE WHEN {row}.reason = '{reason}'{out_of_line} THEN 1 ELSE 0 END)"
+                            for reason in self.reasons)])
 
     def _upsert(self, counts_sql: str) -> str:
         """Add counts, given as a SELECT of (account_id, queue, *counts, blocked_until), to Backlog."""

@@ -8,9 +8,8 @@ from budgets.models import Role
 from budgets.tenancy import ReadOnlyAdmin, action_role
 from scheduling import clock
 from scheduling.operator import message_results
-from scheduling.pausing import UNTIL_RESUMED
 from scheduling.redaction import redact
-from scheduling.selectors import line_held_up
+from scheduling.waits import wait_text
 from tasks.models import TaskCall
 from tasks.operations import call_cancel, call_retry
 from tasks.selectors import holds_of
@@ -78,7 +77,7 @@ class TaskCallAdmin(ReadOnlyAdmin):
         if obj.status != "READY":
             return "—"
         held = obj.held if hasattr(obj, "held") else holds_of([obj]).get(str(obj.pk))  # change page: its own
-        return "in the queue" if held is None else f"{held.get_reason_display()} ({_eta(held)})"
+        return "in the queue" if held is None else wait_text(held, clock.now())  # held work: the kernel's clock
 
     # Arguments and return values are shown redacted (e-mail addresses, tokens, card numbers): tasks
     # should be given ids, and what a host passed anyway is not spelt out to everyone who sees the call.
@@ -98,20 +97,6 @@ class TaskCallAdmin(ReadOnlyAdmin):
             return "—"
         return format_html_join("", "<p><b>{}</b></p><pre>{}</pre>",
                                 ((e["exception_class_path"], e["traceback"]) for e in obj.errors))
-
-
-def _eta(held) -> str:
-    """What a held call waits for, by the holding area's rules (scheduling.admin's ETA): its own
-    time (a back-off, run_after, a resume), or in its account's line a slot, or the time its line
-    is held up until (its budget spent, its rate limit reached)."""
-    now = clock.now()  # held work's times are on the kernel's (shiftable) clock
-    if held.in_line_since is None:
-        return "until resumed" if held.eligible_at >= UNTIL_RESUMED else f"until {held.eligible_at:%Y-%m-%d %H:%M:%S} UTC"
-    held_up = line_held_up(held, now)
-    if held_up is not None:
-        until, why = held_up
-        return f"until {until:%Y-%m-%d %H:%M:%S} UTC: its account's {'budget is spent' if why == 'budget' else why}"
-    return "when a slot frees"
 
 
 def _pre(text: str):

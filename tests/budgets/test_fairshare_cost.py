@@ -26,7 +26,7 @@ def test_the_fair_share_table_reads_one_held_job_per_line_shown(holding_area, se
     assert read[SUMMARY] <= Backlog.objects.count() + 2 * len(rows), read  # the top-N sort, then the lines shown
     if search == "capped":
         [capped] = rows  # its 9,027-job line: counted, and its oldest job read, not the line
-        assert capped.status.held == 9_027 and capped.held_by_reason == {"queued_behind": 9_027}
+        assert capped.status.held == 9_027 and capped.held_by_reason == {"concurrency_cap": 9_027}
         assert capped.oldest_held_at is not None and capped.status.running + capped.status.sent == 1
     elif search:
         assert all(row.status.account.startswith("x99") for row in rows)

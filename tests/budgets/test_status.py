@@ -34,11 +34,14 @@ def test_budget_status_shows_use_reservations_slots_and_held_work(account, other
         "account": account.slug, "queue": "default", "day": clock.budget_day().isoformat(),
         "cpu_limit_ms": 10_000, "cpu_used_ms": 2500, "cpu_reserved_ms": 1000, "cpu_remaining_ms": 6500,
         "running": 1, "sent": 1, "max_concurrent": 2, "held": 1, "weight": 1, "rate_limit": None,
+        # What its line waits for now (budgets.waits): both slots are taken.
+        "waiting": {"in_line": 1, "reason": "Account at its concurrency cap", "until": None},
         "next_reset": clock.next_reset().isoformat(),
     }
     table = status("--account", account.slug)
     assert table.splitlines()[1].split() == [account.slug, "default", "10.0", "2.5", "1.0", "6.5", "1/2", "1", "1",
-                                             "1", "-"]
+                                             "1", "-", "1:", "Account", "at", "its", "concurrency", "cap,", "when",
+                                             "one", "of", "its", "runs", "ends"]
     assert f"next reset {clock.next_reset():%Y-%m-%d %H:%M}" in table
 
 
@@ -57,4 +60,4 @@ def test_budget_status_shows_the_weight_and_how_close_the_account_is_to_its_rate
     [row] = json.loads(status("--account", account.slug, "--json"))
     assert row["weight"] == 3
     assert row["rate_limit"] == {"starts": 2, "period_s": 30, "recent_starts": 2, "reached": True}
-    assert status("--account", account.slug).splitlines()[1].split()[-5:] == ["3", "2/2", "per", "30", "s"]
+    assert status("--account", account.slug).splitlines()[1].split()[-6:] == ["3", "2/2", "per", "30", "s", "-"]

@@ -54,7 +54,7 @@ def test_new_work_waits_in_line_while_a_job_sent_to_the_broker_waits_for_a_worke
     assert line(account) == [("c", DeferReason.WORKERS_BUSY), ("d", DeferReason.QUEUED_BEHIND)]
     assert line(other_account) == [("x", DeferReason.WORKERS_BUSY)]
     assert [e["ref"] for e in queued_envelopes()] == ["a", "b"]  # the broker holds what it held
-    assert Backlog.objects.get(account=account).workers_busy == 1
+    assert Backlog.objects.get(account=account).in_line == 2  # counted in line (by reason: those out of it)
     assert usage(account).deferrals == 2
     # Nothing is released to the broker behind "a" either ...
     assert release_due() == 0

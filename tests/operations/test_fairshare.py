@@ -79,12 +79,14 @@ def test_the_table_says_who_uses_the_workers_and_who_waits_why_and_how_long(clie
     assert 239 <= acme["worker_s"]["5m"] <= 242 and acme["worker_s"]["15m"] == acme["worker_s"]["5m"]
     assert 0.39 <= acme["share"]["5m"] <= 0.41 and acme["live_workers"] == 2
     assert (acme["running"], acme["sent"], acme["max_concurrent"], acme["held"]) == (1, 1, 2, 30)
-    assert acme["held_by_reason"] == {"Account at its concurrency cap": 29,
-                                      "Queued behind the account's held work": 1}
-    assert 419 <= acme["oldest_wait_s"] <= 425 and acme["oldest_reason"] == "Queued behind the account's held work"
+    # Its line waits for what holds it now (running and sent fill its cap), whatever each job was held for.
+    assert acme["held_by_reason"] == {"Account at its concurrency cap": 30}
+    assert 419 <= acme["oldest_wait_s"] <= 425 and acme["oldest_reason"] == "Account at its concurrency cap"
+    assert acme["line_waits_for"] == {"reason": "Account at its concurrency cap", "until": None}
     # globex ran 90 s, 10 minutes ago: none of it in the last 5 minutes.
     assert globex["worker_s"] == {"5m": 0.0, "15m": 90.0} and globex["held"] == 1
-    assert globex["held_by_reason"] == {"Waiting to retry": 1}
+    # Its retry's back-off is over (it is in line) and nothing holds globex back: it waits for a worker.
+    assert globex["held_by_reason"] == {"Waiting for a free worker": 1}
     # initech did not run in the last 15 minutes and holds nothing, but spent CPU today.
     assert initech["worker_s"]["15m"] == 0 and initech["cpu_used_s"] == 42.0 and initech["cpu_limit_s"] == 3600
     page = client.get(reverse("ops-fairshare")).content.decode()

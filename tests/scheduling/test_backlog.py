@@ -23,10 +23,11 @@ def counted() -> dict:
 
 
 def recounted() -> dict:
-    """The same counts, counted from the held rows themselves."""
+    """The same counts, counted from the held rows themselves (by reason: those out of their line)."""
     rows = (DeferredTask.objects.filter(account__isnull=False).values("account_id", "queue")
             .annotate(held=Count("pk"), in_line=Count("pk", filter=Q(in_line_since__isnull=False)),
-                      **{reason: Count("pk", filter=Q(reason=reason)) for reason in DeferReason.values}))
+                      **{reason: Count("pk", filter=Q(reason=reason, in_line_since__isnull=True))
+                         for reason in DeferReason.values}))
     return {(r["account_id"], r["queue"]): r for r in rows}
 
 
@@ -61,9 +62,13 @@ def test_the_counts_follow_every_change_of_the_holding_area(account, other_accou
         assert cursor.fetchone() is not None
     assert len(holding.release_first(account_id=account.pk, queue="default", limit=10)) == 10
     holding.unhold(job="tests.noop", ref="a20")
+    assert counted()[(account.pk, "default")]["retry_backoff"] == 1  # "later" waits for its own time
+    in_line = counted()[(account.pk, "default")]["in_line"]
     holding.line_up_due(now + dt.timedelta(minutes=10))  # "later" joins the line, "system" is sent
     assert counted() == recounted()
-    assert counted()[(account.pk, "default")]["retry_backoff"] == 1
+    # In line it waits for what its line waits for (scheduling.waits), no longer counted by its reason.
+    assert counted()[(account.pk, "default")]["retry_backoff"] == 0
+    assert counted()[(account.pk, "default")]["in_line"] == in_line + 1
     assert DeferredTask.objects.get(ref="later").in_line_since is not None
 
     Account.objects.filter(pk=other_account.pk).delete()

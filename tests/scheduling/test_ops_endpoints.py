@@ -26,6 +26,7 @@ from scheduling.registry import job
 from scheduling.envelope import Envelope
 from scheduling.holding import hold
 from scheduling.runtime import execute, send
+from scheduling.waits import why_held
 from tests.conftest import REPO, wait_for
 
 pytestmark = pytest.mark.django_db
@@ -121,6 +122,12 @@ def busy_system(account, other_account):
     WorkerHeartbeat.objects.create(worker="h:4", queue="exports", seen_at=now - dt.timedelta(minutes=5))
 
 
+def _why_held() -> dict:
+    held = list(DeferredTask.objects.all())
+    waits = why_held(held)
+    return {h: waits[h.pk] for h in held}
+
+
 def test_metrics_parse_and_match_the_database(busy_system, account, other_account):
     m = scrape()
 
@@ -132,8 +139,10 @@ def test_metrics_parse_and_match_the_database(busy_system, account, other_accoun
     # Both queues hold messages sent moments ago: their oldest is young, but not age zero.
     assert set(ages) == {("default",), ("exports",)} and all(0 < a < 60 for a in ages.values())
 
-    # Held work by queue and reason.
-    held = Counter(DeferredTask.objects.values_list("queue", "reason"))
+    # Held work by queue and what it waits for now (scheduling.waits): these are in their lines,
+    # whose accounts could run (budget left, no slot taken), whatever they were held for.
+    held = Counter((h.queue, wait.reason) for h, wait in _why_held().items())
+    assert held == {("exports", "workers_busy"): 2, ("default", "workers_busy"): 2}
     assert by(m["fairshare_held_tasks"], "queue", "reason") == dict(held)
     assert m["fairshare_held_oldest_age_seconds"][()] > 0  # something is held, so its age is measured
 
@@ -178,8 +187,7 @@ def test_metrics_follow_the_database_between_scrapes(busy_system, account):
 
     assert ("tests.noop", "succeeded") in by(before["fairshare_task_runs_total"], "job", "outcome")
     assert ("tests.noop", "succeeded") not in by(after["fairshare_task_runs_total"], "job", "outcome")
-    assert by(after["fairshare_held_tasks"], "queue", "reason") == {
-        ("default", "concurrency_cap"): 1, ("default", "retry_backoff"): 1}
+    assert by(after["fairshare_held_tasks"], "queue", "reason") == {("default", "workers_busy"): 2}
     assert by(after["fairshare_queue_depth"], "queue") == {("default",): 3, ("exports",): 0}
 
 
