@@ -92,7 +92,8 @@ _tcp_open() {
 
 _pg_ready_local() {
   if command -v pg_isready >/dev/null 2>&1; then
-    pg_isready -q -h 127.0.0.1 -p 5432 -t 3
+    # Quiet: Debian's wrapper complains on stderr when its PostgreSQL packages are gone.
+    pg_isready -q -h 127.0.0.1 -p 5432 -t 3 2>/dev/null
   else
     _tcp_open 127.0.0.1 5432
   fi
