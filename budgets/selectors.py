@@ -13,7 +13,6 @@ from budgets import clock
 from budgets.models import Account, Budget, Reservation, ReservationStatus, UsageDay
 from scheduling.models import Backlog
 from scheduling import sql
-from scheduling.selectors import recent_starts
 
 
 def refs_in_flight(*, job: str, sent_since: dt.datetime) -> QuerySet[str]:
@@ -102,15 +101,11 @@ def budget_status(*, accounts: QuerySet[Account] | None = None, top: int | None 
 
 def _window_starts(rows: list[dict]) -> dict[tuple[int, str], int]:
     """Starts in the rate limit's window of each rate-limited budget among `rows`, counted up to its
-    limit: on PostgreSQL one statement (at most the limit's count of TaskRun index entries per
-    budget, scheduling.sql `recent_starts`), elsewhere one query per budget."""
+    limit, in one statement (at most the limit's count of TaskRun index entries per budget,
+    scheduling.sql `recent_starts`)."""
     limited = [row for row in rows if row["rate_starts"] is not None]
     if not limited:
         return {}
-    if connection.vendor != "postgresql":
-        return {(row["account_id"], row["queue"]): len(recent_starts(
-            account_id=row["account_id"], queue=row["queue"], limit=row["rate_starts"],
-            since=timezone.now() - dt.timedelta(seconds=row["rate_period_s"]))) for row in limited}
     count = sql.recent_starts(account="b.account_id", queue="b.queue", limit="b.rate_starts", period_s="b.rate_period_s")
     with connection.cursor() as cursor:
         cursor.execute(f"SELECT b.account_id, b.queue, {count} FROM {Budget._meta.db_table} b "

@@ -8,14 +8,18 @@ No side effects and no django.conf: importable before Django is set up.
 from scheduling.conf import Setting, flag, names
 
 VAR_DIR = Setting(None, "FAIRSHARE_VAR_DIR", None, shown_default="`var/`", sets="the demo's files",
-                  doc="folder of everything the demo writes (SQLite file, export files, logs)")
+                  doc="folder of everything the demo writes (its embedded PostgreSQL's data, export files, logs, "
+                      "`demo.env` while it runs)")
 DEBUG = Setting(None, "DEBUG", False, parse=flag, sets="`DEBUG`", doc="Django's debug mode")
 SECRET_KEY = Setting(None, "SECRET_KEY", "", shown_default="none (required unless `DEBUG=1`)",
                      sets="`SECRET_KEY`", doc="Django's secret key; also signs download links")
 ALLOWED_HOSTS = Setting(None, "ALLOWED_HOSTS", ["127.0.0.1", "localhost"], parse=names, sets="`ALLOWED_HOSTS`",
                         doc="comma-separated host names the web server answers to")
-DATABASE_URL = Setting(None, "DATABASE_URL", "", shown_default="SQLite file in `var/` (demo only)",
-                       sets="`DATABASES`", doc="the database; production and tests use PostgreSQL")
+DATABASE_URL = Setting(None, "DATABASE_URL", "",
+                       shown_default="none (required; beside a running demo, its embedded server's, from "
+                                     "`var/demo.env`)",
+                       sets="`DATABASES`", doc="the PostgreSQL database (`postgres://USER[:PASSWORD]@HOST:PORT/NAME`); "
+                                             "any other database is refused at start-up")
 DB_CONN_MAX_AGE = Setting(None, "FAIRSHARE_DB_CONN_MAX_AGE", 60, parse=int, unit="s", sets="`CONN_MAX_AGE`",
                           doc="how long a database connection is reused (checked before reuse); 0 "
                               "reconnects for every task")
@@ -47,7 +51,7 @@ TASK_TIMEOUT = Setting(None, "FAIRSHARE_TASK_TIMEOUT", 300, parse=int, unit="s",
                        sets='`Q_CLUSTER["timeout"]`',
                        doc="time limit of a task on the default queue (its `retry` is set 60 s above)")
 WORKERS = Setting(None, "FAIRSHARE_WORKERS", 2, parse=int, sets='`Q_CLUSTER["workers"]`',
-                  doc="worker processes of the default queue (1 on SQLite)")
+                  doc="worker processes of the default queue")
 POLL = Setting(None, "FAIRSHARE_POLL", 0.1, parse=float, unit="s", sets='`Q_CLUSTER["poll"]`',
                doc="how often an idle ORM-broker cluster looks for new tasks (one query per poll per cluster; "
                    "a job sent into a free slot waits up to this long)")
@@ -58,7 +62,7 @@ EXPORT_RETRY = Setting(None, "FAIRSHARE_EXPORT_RETRY", None, parse=int, unit="s"
                        doc="seconds before the broker delivers an unacknowledged export task again; "
                            "must exceed the timeout")
 EXPORT_WORKERS = Setting(None, "FAIRSHARE_EXPORT_WORKERS", 2, parse=int, sets="exports cluster `workers`",
-                         doc="worker processes of the exports queue (1 on SQLite)")
+                         doc="worker processes of the exports queue")
 EXPORTS_S3_BUCKET = Setting(None, "FAIRSHARE_EXPORTS_S3_BUCKET", "", shown_default="unset",
                             sets='`STORAGES["exports"]`',
                             doc="store exports in this S3 bucket through django-storages (credentials the "

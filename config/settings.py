@@ -1,7 +1,10 @@
 """Fairshare settings, read from the environment (12-factor).
 
-The defaults run the zero-setup demo: SQLite, local export files, django-q2's ORM broker.
-Production sets DATABASE_URL (PostgreSQL), SECRET_KEY and, optionally, REDIS_URL and S3.
+Fairshare runs on PostgreSQL only: DATABASE_URL names it (a URL of another database is refused
+here, at start-up). Production sets DATABASE_URL, SECRET_KEY and, optionally, REDIS_URL and S3;
+the demo (scripts/demo) runs an embedded PostgreSQL under var/, local export files and django-q2's
+ORM broker, and leaves its settings in var/demo.env for commands typed beside it (config/demo_env.py:
+read only by a process whose environment names no database, and never over its environment).
 
 Every variable read here is declared once, with its default and meaning: this file's own in
 config/env.py, each app's FAIRSHARE keys in `<app>/conf.py`, the test-only seams in
@@ -15,7 +18,7 @@ import dj_database_url
 from django.core.exceptions import ImproperlyConfigured
 
 from budgets import conf as budgets_conf
-from config import env
+from config import demo_env, env
 from exports import conf as exports_conf
 from scheduling import conf as scheduling_conf
 from scheduling import testing
@@ -25,8 +28,11 @@ from tasks import conf as tasks_conf
 testing.refuse_seams_unless_testing()
 
 BASE_DIR = Path(__file__).resolve().parent.parent
-# Everything the demo writes (SQLite file, export files, logs) lives under one folder.
+# Everything the demo writes (its PostgreSQL's data, export files, logs) lives under one folder.
 VAR_DIR = Path(env.VAR_DIR.read(default=BASE_DIR / "var"))
+# Before any other variable is read: a running demo's settings, for a command typed beside it, unless
+# this process's environment names its own database (config/demo_env.py says why).
+demo_env.apply(VAR_DIR)
 
 DEBUG = env.DEBUG.read()
 SECRET_KEY = env.SECRET_KEY.read()
@@ -108,19 +114,18 @@ DATABASES = {
     # database connection per task; the health check also replaces a connection that died while
     # idle before a task uses it.
     "default": dj_database_url.parse(
-        env.DATABASE_URL.read() or f"sqlite:///{VAR_DIR / 'fairshare.sqlite3'}",
-        conn_max_age=env.DB_CONN_MAX_AGE.read(), conn_health_checks=True,
-    )
+        env.DATABASE_URL.read(), conn_max_age=env.DB_CONN_MAX_AGE.read(), conn_health_checks=True,
+    ) if env.DATABASE_URL.read() else {},
 }
-if DATABASES["default"]["ENGINE"] == "django.db.backends.sqlite3":
-    Path(DATABASES["default"]["NAME"]).parent.mkdir(parents=True, exist_ok=True)
-    # The demo runs a web server and two qclusters on one SQLite file: take the write lock at
-    # BEGIN (no upgrade deadlocks) and wait for it rather than failing with "database is locked".
-    DATABASES["default"]["OPTIONS"] = {
-        "transaction_mode": "IMMEDIATE",
-        "timeout": 30,
-        "init_command": "PRAGMA journal_mode=WAL; PRAGMA synchronous=NORMAL;",
-    }
+# PostgreSQL only: the ledger, the broker's claims and the exports' COPY are PostgreSQL statements.
+# Refused here, before any command runs, rather than failing later in the first query.
+if DATABASES["default"].get("ENGINE") != "django.db.backends.postgresql":
+    _scheme = env.DATABASE_URL.read().partition(":")[0]
+    raise ImproperlyConfigured(
+        f"DATABASE_URL must be a PostgreSQL URL (postgres://USER[:PASSWORD]@HOST:PORT/NAME); it is "
+        f"{_scheme + ': Fairshare runs on PostgreSQL only' if _scheme else 'not set'}. Beside a running "
+        f"scripts/demo, commands find its embedded PostgreSQL in {VAR_DIR / demo_env.FILE_NAME}."
+    )
 # What one PostgreSQL session may hold, and for how long (config/env.py; system check
 # scheduling.E008 keeps them in order): the server itself ends a frozen process's transaction and
 # frees its row locks, whatever that process does. Every connection gets them (web, workers, an
@@ -131,10 +136,9 @@ DATABASE_SESSION_TIMEOUTS_S = {
     "lock_timeout": env.DB_LOCK_TIMEOUT.read(),
     "statement_timeout": env.DB_STATEMENT_TIMEOUT.read(),
 }
-if DATABASES["default"]["ENGINE"] == "django.db.backends.postgresql":
-    _options = DATABASES["default"].setdefault("OPTIONS", {})
-    _options["options"] = " ".join(filter(None, [_options.get("options", ""), *(
-        f"-c {name}={seconds}s" for name, seconds in DATABASE_SESSION_TIMEOUTS_S.items() if seconds)]))
+_options = DATABASES["default"].setdefault("OPTIONS", {})
+_options["options"] = " ".join(filter(None, [_options.get("options", ""), *(
+    f"-c {name}={seconds}s" for name, seconds in DATABASE_SESSION_TIMEOUTS_S.items() if seconds)]))
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
 AUTH_PASSWORD_VALIDATORS = [
@@ -224,9 +228,6 @@ Q_CLUSTER = {
         },
     },
 }
-if DATABASES["default"]["ENGINE"] == "django.db.backends.sqlite3":
-    Q_CLUSTER["workers"] = min(Q_CLUSTER["workers"], 1)
-
 # --- Fairshare ------------------------------------------------------------------------------
 # Each app declares its keys, defaults and variables in `<app>/conf.py`: read here from the
 # environment, then wired together. Code reads `settings.FAIRSHARE["KEY"]`.

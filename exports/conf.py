@@ -14,7 +14,7 @@ SETTINGS = (
                 "and budget)"),
     Setting("EXPORT_STREAM", "FAIRSHARE_EXPORT_STREAM", "auto",
             doc="`copy` (PostgreSQL `COPY … TO STDOUT`), `cursor` (server-side cursor) or `orm`; "
-                "`auto` = `copy` on PostgreSQL, `orm` elsewhere"),
+                "`auto` = `copy`"),
     # The lease is renewed at every checkpoint, so it must outlast the slowest batch; batches are
     # counted in rows and the lease in seconds, so no start-up check can compare them.
     Setting("EXPORT_LEASE_S", "FAIRSHARE_EXPORT_LEASE", 120, parse=int, unit="s",

@@ -74,29 +74,18 @@ def activity_rows(*, account_id: int, count: int, since: dt.datetime, span_s: fl
 
 def insert_activity(rows: Iterable[Row], *, batch_rows: int = 5_000,
                     on_batch: Callable[[int], None] = lambda n: None) -> int:
-    """Write `rows` (in COLUMNS order): one COPY on PostgreSQL, batched INSERTs elsewhere (the
-    SQLite demo). `on_batch(n)` after every `batch_rows` rows and at the end. Returns the count."""
+    """Write `rows` (in COLUMNS order) in one COPY. `on_batch(n)` after every `batch_rows` rows and
+    at the end. Returns the count."""
     written = pending = 0
-    if connection.vendor == "postgresql":
-        with connection.cursor() as cursor, cursor.copy(
-            f"COPY {ActivityEvent._meta.db_table} ({', '.join(COLUMNS)}) FROM STDIN"
-        ) as copy:
-            for row in rows:
-                copy.write_row(row)
-                written, pending = written + 1, pending + 1
-                if pending == batch_rows:
-                    on_batch(pending)
-                    pending = 0
-    else:
-        batch: list[ActivityEvent] = []
+    with connection.cursor() as cursor, cursor.copy(
+        f"COPY {ActivityEvent._meta.db_table} ({', '.join(COLUMNS)}) FROM STDIN"
+    ) as copy:
         for row in rows:
-            batch.append(ActivityEvent(**dict(zip(COLUMNS, row))))
-            if len(batch) == batch_rows:
-                ActivityEvent.objects.bulk_create(batch)
-                written, batch = written + len(batch), []
-                on_batch(batch_rows)
-        ActivityEvent.objects.bulk_create(batch)
-        written, pending = written + len(batch), len(batch)
+            copy.write_row(row)
+            written, pending = written + 1, pending + 1
+            if pending == batch_rows:
+                on_batch(pending)
+                pending = 0
     if pending:
         on_batch(pending)
     return written

@@ -8,6 +8,7 @@ Not a failure at all: a run that had to stop and wait (`MustWait`).
 import random
 from dataclasses import dataclass
 
+import psycopg
 from django.db import InterfaceError, OperationalError
 
 TRANSIENT: tuple[type[BaseException], ...] = (
@@ -21,12 +22,8 @@ try:  # S3 through django-storages
 except ImportError:  # pragma: no cover - botocore is installed with django-storages[s3]
     pass
 
-try:  # the raw psycopg connection exports stream from (exports.streaming): its errors are not Django's
-    import psycopg
-
-    TRANSIENT += (psycopg.OperationalError, psycopg.InterfaceError)
-except ImportError:  # pragma: no cover - SQLite-only installs
-    pass
+# The raw psycopg connection exports stream from (exports.streaming): its errors are not Django's.
+TRANSIENT += (psycopg.OperationalError, psycopg.InterfaceError)
 
 
 class MustWait(Exception):

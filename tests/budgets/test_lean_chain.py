@@ -105,8 +105,6 @@ def test_the_chain_prepares_its_own_statements_once_per_connection_and_only_them
     """scheduling.db: the admission and settlement statements are prepared on the worker's
     connection (FAIRSHARE["PREPARED_STATEMENTS"]), Django's own queries never; the query log
     still shows each statement with its values."""
-    if connection.vendor != "postgresql":
-        pytest.skip("prepared statements are PostgreSQL's")
     settings.FAIRSHARE = {**settings.FAIRSHARE, "PREPARED_STATEMENTS": prepared}
     connection.close()  # a new session: nothing prepared yet
     Budget.objects.create(account=account, queue="default", cpu_seconds_per_day=10, max_concurrent=4)
@@ -149,8 +147,6 @@ def test_a_task_spares_the_health_check_ping_only_while_its_connection_is_quiet(
     Django's `SELECT 1` ping; one idle for longer, or whose session the server ended (its goodbye
     is waiting on the socket), gets the ping; a dead one fails it and is replaced, and the task
     runs on the new connection."""
-    if connection.vendor != "postgresql":
-        pytest.skip("the socket of a PostgreSQL session")
     from django.db import close_old_connections
 
     from scheduling import db

@@ -1,5 +1,7 @@
 """The hand-written statements every Django task call pays for (tasks/statements.py): what they
-read on a large table (EXPLAIN)."""
+read on a large table (EXPLAIN). End to end through the kernel's chain they run in
+test_execution.py (a call's insert, claim and completion) and test_backend.py (the insert's
+refusal of an unknown account, nothing stored)."""
 import json
 import uuid
 
