@@ -24,6 +24,7 @@ first sent) and every handler is idempotent: sending it again is a duplicate del
 ORM broker makes anyway. A forged message can do no more than ring the doorbell of work that exists.
 """
 import datetime as dt
+import functools
 import io
 import json
 import logging
@@ -111,11 +112,17 @@ def signing_key(payload) -> str | None:
     payload = force_str(payload)  # Redis gives bytes, which Django's Signer does not take
     for key in (Conf.SECRET_KEY, *settings.SECRET_KEY_FALLBACKS):
         try:
-            signing.TimestampSigner(key=key, salt=Conf.PREFIX, fallback_keys=()).unsign(payload)
+            _signer(key, Conf.PREFIX).unsign(payload)
         except (signing.BadSignature, TypeError):
             continue
         return key
     return None
+
+
+@functools.lru_cache(maxsize=16)
+def _signer(key: str, salt: str) -> signing.TimestampSigner:
+    """One signer per key, made once: making one costs about as much as checking a message."""
+    return signing.TimestampSigner(key=key, salt=salt, fallback_keys=())
 
 
 def resigned(payload, *, key: str) -> str:
@@ -128,7 +135,13 @@ def read_unverified(payload) -> tuple[dict | None, dt.datetime | None]:
     class or function it names is loaded); (None, None) for what cannot be read as one."""
     try:
         value, timestamp, _ = force_str(payload).rsplit(":", 2)
+    except (ValueError, UnicodeDecodeError):
+        return None, None
+    try:
         signed_at = dt.datetime.fromtimestamp(signing.b62_decode(timestamp), tz=dt.UTC)
+    except (ValueError, OverflowError, OSError):  # not a time: the reason says none
+        signed_at = None
+    try:
         compressed = value.startswith(".")
         data = signing.b64_decode((value[1:] if compressed else value).encode())
         if compressed:
@@ -137,8 +150,8 @@ def read_unverified(payload) -> tuple[dict | None, dt.datetime | None]:
             if inflate.unconsumed_tail:
                 return None, signed_at
         task = _InertUnpickler(io.BytesIO(data)).load()
-    except Exception:
-        return None, None
+    except Exception:  # not base64, not zlib, not a pickle: unreadable
+        return None, signed_at
     return (task if isinstance(task, dict) else None), signed_at
 
 
