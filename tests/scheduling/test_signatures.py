@@ -6,6 +6,7 @@ from pathlib import Path
 
 import pytest
 from django.core import signing
+from django.test import Client
 from django_q.conf import Conf
 from django_q.models import OrmQ
 from django_q.signing import PickleSerializer, SignedPackage
@@ -13,6 +14,7 @@ from django_q.signing import PickleSerializer, SignedPackage
 from scheduling.broker import RUNNER, send
 from scheduling.models import Outcome, TaskRun
 from scheduling.signatures import VerifiedFifoORM, read_unverified
+from tests.factories import UserFactory
 from tests.scheduling.test_ops_endpoints import by, scrape
 
 pytestmark = pytest.mark.django_db
@@ -70,6 +72,14 @@ def test_a_message_no_key_verifies_is_recorded_with_its_reason_and_its_work_sent
     samples = scrape()
     failures = by(samples["fairshare_task_failures_total"], "job", "outcome")
     assert failures[("tests.noop", "rejected")] == 1
+    # An operator finds it among the task runs, with its reason.
+    client = Client()
+    client.force_login(UserFactory(username="root", is_staff=True, is_superuser=True))
+    listed = client.get("/admin/scheduling/taskrun/?outcome=rejected")
+    assert listed.status_code == 200 and f"/admin/scheduling/taskrun/{run.pk}/change/" in listed.content.decode()
+    page = client.get(f"/admin/scheduling/taskrun/{run.pk}/change/").content.decode()
+    assert "scheduling.signatures.UnverifiedMessage" in page
+    assert "its work was sent again at once, signed with SECRET_KEY" in page
 
 
 class WritesAFile:
