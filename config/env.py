@@ -13,6 +13,11 @@ VAR_DIR = Setting(None, "FAIRSHARE_VAR_DIR", None, shown_default="`var/`", sets=
 DEBUG = Setting(None, "DEBUG", False, parse=flag, sets="`DEBUG`", doc="Django's debug mode")
 SECRET_KEY = Setting(None, "SECRET_KEY", "", shown_default="none (required unless `DEBUG=1`)",
                      sets="`SECRET_KEY`", doc="Django's secret key; also signs download links")
+SECRET_KEY_FALLBACKS = Setting(
+    None, "SECRET_KEY_FALLBACKS", [], parse=names, shown_default="none", sets="`SECRET_KEY_FALLBACKS`",
+    doc="comma-separated previous secret keys, during a key rotation: download links and queue messages "
+        "signed with one of them are still accepted (a queue message signed with no known key is recorded as a "
+        "rejected task run and its work sent again)")
 ALLOWED_HOSTS = Setting(None, "ALLOWED_HOSTS", ["127.0.0.1", "localhost"], parse=names, sets="`ALLOWED_HOSTS`",
                         doc="comma-separated host names the web server answers to")
 DATABASE_URL = Setting(None, "DATABASE_URL", "",
@@ -117,7 +122,7 @@ PROXY_SSL_HEADER = Setting(None, "SECURE_PROXY_SSL_HEADER", "", shown_default="u
                                "`NAME=value` (e.g. `HTTP_X_FORWARDED_PROTO=https`)")
 
 VARIABLES = (
-    VAR_DIR, DEBUG, SECRET_KEY, ALLOWED_HOSTS, DATABASE_URL, DB_CONN_MAX_AGE,
+    VAR_DIR, DEBUG, SECRET_KEY, SECRET_KEY_FALLBACKS, ALLOWED_HOSTS, DATABASE_URL, DB_CONN_MAX_AGE,
     DB_IDLE_IN_TRANSACTION_TIMEOUT, DB_LOCK_TIMEOUT, DB_STATEMENT_TIMEOUT, REDIS_URL,
     TASK_TIMEOUT, WORKERS, POLL, EXPORT_TIMEOUT, EXPORT_RETRY, EXPORT_WORKERS,
     EXPORTS_S3_BUCKET, EXPORTS_S3_ENDPOINT_URL, EXPORTS_S3_REGION, EXPORTS_STORAGE_BACKEND, EXPORTS_ROOT,

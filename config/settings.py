@@ -40,6 +40,8 @@ if not SECRET_KEY:
     if not DEBUG:
         raise ImproperlyConfigured("SECRET_KEY must be set when DEBUG is off.")
     SECRET_KEY = "insecure-demo-key-only-for-debug"
+# Django's key rotation: what was signed with these is still accepted (workers: scheduling/signatures.py).
+SECRET_KEY_FALLBACKS = env.SECRET_KEY_FALLBACKS.read()
 
 ALLOWED_HOSTS = env.ALLOWED_HOSTS.read()
 if DEBUG:
@@ -62,6 +64,8 @@ INSTALLED_APPS = [
 ]
 
 MIDDLEWARE = [
+    # Outermost: every error answer on an /api/ path is JSON, whichever layer made it.
+    "exports.errors.ApiJsonErrorsMiddleware",
     "django.middleware.security.SecurityMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",
     "django.middleware.common.CommonMiddleware",
@@ -203,10 +207,11 @@ STORAGES = {
 # seconds even while it is still running (see docs/architecture.md; system check scheduling.E001).
 TASK_TIMEOUT_S = env.TASK_TIMEOUT.read()
 EXPORT_TIMEOUT_S = env.EXPORT_TIMEOUT.read()
+# Both check each message's signature against SECRET_KEY and SECRET_KEY_FALLBACKS (scheduling/signatures.py).
 _broker = (
-    {"redis": env.REDIS_URL.read()} if env.REDIS_URL.read()
+    {"redis": env.REDIS_URL.read(), "broker_class": "scheduling.signatures.VerifiedRedis"} if env.REDIS_URL.read()
     # django-q2's ORM broker, first in first out (see scheduling/broker.py).
-    else {"orm": "default", "broker_class": "scheduling.broker.FifoORM"}
+    else {"orm": "default", "broker_class": "scheduling.signatures.VerifiedFifoORM"}
 )
 Q_CLUSTER = {
     "name": "default",

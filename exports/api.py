@@ -8,6 +8,7 @@ from django.views.decorators.http import require_GET, require_POST
 from budgets.auth import ApiCaller, CsrfFailed, api_caller
 from budgets.models import Account
 from exports import storage
+from exports.errors import error_response
 from exports.forms import BadBody, ExportRequestForm, read_json_object
 from exports.models import ExportRecord, ExportStatus
 from exports.operations import export_retry
@@ -22,10 +23,6 @@ ERROR_STATUS = {
     "too_many_rows": HTTPStatus.UNPROCESSABLE_ENTITY,
     "not_retryable": HTTPStatus.CONFLICT,
 }
-
-
-def error_response(status: int, code: str, message: str, **extra) -> JsonResponse:
-    return JsonResponse({"error": {"code": code, "message": message, **extra}}, status=status)
 
 
 def export_json(record: ExportRecord) -> dict:

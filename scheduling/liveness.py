@@ -25,6 +25,7 @@ from django.conf import settings
 from django.utils import timezone
 from django_q.brokers import get_broker
 from django_q.brokers.orm import ORM
+from django_q.brokers.redis_broker import Redis
 from django_q.models import OrmQ
 from django_q.signing import SignedPackage
 
@@ -47,7 +48,7 @@ def _oldest_sent(queue: str, broker) -> tuple[dt.datetime | None, dt.datetime | 
         oldest = messages.first()
         waiting = messages.filter(lock__lt=timezone.now()).first()
         return (_sent_at(oldest) if oldest else None), (_sent_at(waiting) if waiting else None)
-    if broker.__class__.__name__ == "Redis":
+    if isinstance(broker, Redis):  # also the VerifiedRedis subclass configured in settings
         oldest = broker.connection.lindex(broker.list_key, 0)
         sent = _sent_at(oldest) if oldest else None
         return sent, sent

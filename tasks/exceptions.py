@@ -17,6 +17,15 @@ class CallRefused(InvalidTask):
         self.code = code
 
 
+class ArgumentsNotJSON(CallRefused, TypeError):
+    """`enqueue()` refused arguments JSON cannot hold (code `arguments_not_json`). Also a TypeError:
+    the framework's own backends raise TypeError("Unsupported type ...") for such an argument, and
+    portable code that catches that around `enqueue()` must catch Fairshare's refusal too."""
+
+    def __init__(self, message: str):
+        super().__init__(message, code="arguments_not_json")
+
+
 class ResultTooLarge(ValueError):
     """A task returned a value whose JSON is larger than FAIRSHARE["TASKS_MAX_RESULT_BYTES"]."""
 

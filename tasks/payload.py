@@ -12,7 +12,7 @@ from django.conf import settings
 
 from scheduling.redaction import LOG_MAX_LENGTH, redact
 from tasks.compat import normalize_json
-from tasks.exceptions import CallRefused, ResultTooLarge
+from tasks.exceptions import ArgumentsNotJSON, CallRefused, ResultTooLarge
 
 # A stored traceback keeps its last this many characters: the end names the exception.
 TRACEBACK_MAX_LENGTH = LOG_MAX_LENGTH
@@ -25,13 +25,14 @@ def _json_size(value) -> int:
 
 def arguments(args, kwargs) -> dict:
     """The call's arguments as they are stored (and as the function receives them: tuples become
-    lists, as in the framework's own TaskResult); CallRefused when they cannot be stored."""
+    lists, as in the framework's own TaskResult); CallRefused when they cannot be stored (ArgumentsNotJSON,
+    also a TypeError, for what JSON cannot hold)."""
     try:
         value = {"args": normalize_json(list(args)), "kwargs": normalize_json(dict(kwargs))}
         size = _json_size(value)
     except (TypeError, ValueError) as exc:
-        raise CallRefused(f"the arguments of the task cannot be stored as JSON ({_unquoted(exc)}); pass ids, "
-                          "strings, numbers, lists and dicts", code="arguments_not_json") from None
+        raise ArgumentsNotJSON(f"the arguments of the task cannot be stored as JSON ({_unquoted(exc)}); pass ids, "
+                               "strings, numbers, lists and dicts") from None
     limit = settings.FAIRSHARE["TASKS_MAX_ARGS_BYTES"]
     if size > limit:
         raise CallRefused(f"the arguments of the task are {size:,} bytes as JSON, more than the {limit:,} allowed "

@@ -97,8 +97,8 @@ def test_a_download_link_works_once(published, owner):
     link = Client().get(f"/api/exports/{published.pk}/download/", **_auth(
         ApiToken.issue(user=owner, account=published.account, name="t")[1]))["Location"]
     assert _get_file(link) == (200, b"a,b\n1,2\n")
-    # Copied from a log, a proxy or a browser history afterwards: worth nothing.
-    assert _get_file(link)[0] == 404
+    # Copied from a log, a proxy or a browser history afterwards: worth nothing (410 Gone: used).
+    assert _get_file(link)[0] == 410
 
 
 def test_links_and_tokens_never_reach_a_log_line(published, owner):

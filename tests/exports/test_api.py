@@ -263,3 +263,56 @@ def test_download_of_a_queued_export_is_409_not_ready(queued_export, owner):
     assert "queued" in error["message"]
     queued_export.refresh_from_db()
     assert queued_export.status == ExportStatus.QUEUED
+
+
+# --- Every API path answers its errors in JSON -------------------------------------------------
+
+def _sample_url(pattern) -> str:
+    """The pattern's URL with a sample for each of its parameters."""
+    samples = {"slug": "acme", "export_id": "00000000-0000-0000-0000-000000000000", "token": "not-a-token"}
+    return "/api/" + str(pattern.pattern).replace("<slug:slug>", samples["slug"]).replace(
+        "<uuid:export_id>", samples["export_id"]).replace("<str:token>", samples["token"])
+
+
+@pytest.mark.parametrize("method", ["get", "post", "put", "patch", "delete"])
+def test_every_api_url_answers_every_error_in_json(account, owner, method):
+    from exports.urls import urlpatterns
+
+    for pattern in urlpatterns:
+        for auth in ({}, bearer(owner)):
+            response = getattr(Client(), method)(_sample_url(pattern), **auth)
+            if response.status_code >= 400:
+                error = _error(response)
+                assert error["code"] and error["message"], (pattern, method)
+
+
+@pytest.mark.parametrize("path", ["/api/", "/api/nothing/here/", "/api/exports/not-a-uuid/",
+                                  "/api/exports/00000000-0000-0000-0000-000000000000/unknown/"])
+def test_a_path_no_api_url_matches_is_a_json_404(path):
+    response = Client().get(path)
+    assert response.status_code == 404
+    assert _error(response) == {"code": "not_found", "message": "No such API path: see the API in README.md."}
+
+
+def test_a_method_an_api_url_does_not_take_is_a_json_405_naming_the_allowed_ones(account, owner):
+    response = Client().delete(URL, **bearer(owner))
+    assert response.status_code == 405
+    assert response["Allow"] == "POST"
+    assert _error(response) == {"code": "method_not_allowed", "message": "DELETE is not allowed here; use POST."}
+
+
+def test_an_unexpected_failure_in_the_api_is_a_json_500_without_its_details(queued_export, owner, monkeypatch):
+    def broken(record):
+        raise RuntimeError("postgres://app:hunter2@db/fairshare is down")
+
+    monkeypatch.setattr("exports.api.export_json", broken)
+    response = Client(raise_request_exception=False).get(f"/api/exports/{queued_export.pk}/", **bearer(owner))
+    assert response.status_code == 500
+    assert _error(response)["code"] == "internal_server_error"
+    assert b"hunter2" not in response.content
+
+
+def test_pages_outside_the_api_keep_djangos_own_error_pages():
+    response = Client().get("/nothing-here/")
+    assert response.status_code == 404
+    assert response["Content-Type"].startswith("text/html")

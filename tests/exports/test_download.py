@@ -98,8 +98,36 @@ def test_signed_link_stops_working_after_its_ttl(succeeded_export, owner, monkey
 
     monkeypatch.setattr(signing.time, "time", lambda: real_time() + ttl_s + 1)
     response = _fetch(link)
-    assert response.status_code == 404
+    assert response.status_code == 410
+    assert response.json()["error"]["code"] == "link_expired"
+    assert f"links last {ttl_s} s" in response.json()["error"]["message"]
     assert succeeded_export.checksum_sha256.encode() not in response.content
+
+
+def test_a_used_link_answers_410_with_its_reason_in_json(succeeded_export, owner):
+    link = _link(succeeded_export, owner)
+    assert _fetch(link).status_code == 200
+    response = _fetch(link)
+    assert (response.status_code, response["Content-Type"]) == (410, "application/json")
+    assert response.json()["error"] == {
+        "code": "link_used",
+        "message": "This download link was used already (a link works once). Ask for a new link: "
+                   f"GET /api/exports/{succeeded_export.pk}/download/."}
+    assert _fetch(_link(succeeded_export, owner)).status_code == 200  # a new link works
+
+
+def test_a_link_whose_file_cannot_be_read_stays_unused(succeeded_export, owner, monkeypatch):
+    link = _link(succeeded_export, owner)
+
+    def unreachable(*args, **kwargs):
+        raise ConnectionError("storage down")
+
+    with monkeypatch.context() as m:
+        m.setattr(type(storage.export_storage()), "open", unreachable)
+        response = _fetch(link)
+    assert response.status_code == 503
+    assert response.json()["error"]["code"] == "storage_unavailable"
+    assert _fetch(link).status_code == 200  # the same link, once storage is back
 
 
 def test_link_dies_with_the_users_membership(succeeded_export, account, owner):
@@ -107,7 +135,9 @@ def test_link_dies_with_the_users_membership(succeeded_export, account, owner):
     assert _fetch(link).status_code == 200
 
     Membership.objects.filter(user=owner, account=account).delete()
-    assert _fetch(link).status_code == 404
+    response = _fetch(link)
+    assert response.status_code == 404
+    assert response.json()["error"]["code"] == "not_found"
     # ...and no new link is handed out either.
     assert Client().get(f"/api/exports/{succeeded_export.pk}/download/", **bearer(owner)).status_code == 404
 
@@ -128,6 +158,7 @@ def test_tampered_or_forged_link_is_404(succeeded_export, owner):
     for bad in (flipped, token[:-3], forged_salt, "nonsense"):
         response = _fetch(f"{prefix}/{bad}/")
         assert response.status_code == 404, bad
+        assert response.json()["error"]["code"] == "invalid_link", bad
     assert _fetch(link).status_code == 200  # the genuine link still works
 
 

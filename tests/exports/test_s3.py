@@ -48,7 +48,7 @@ def test_a_download_on_s3_streams_the_private_object_through_a_single_use_link(a
     assert link.startswith("/api/exports/file/") and served.status_code == 200
     body = b"".join(served.streaming_content)
     assert hashlib.sha256(body).hexdigest() == record.checksum_sha256
-    assert client.get(link).status_code == 404  # used once
+    assert client.get(link).status_code == 410  # used once
     endpoint = export_store.client.meta.endpoint_url
     with pytest.raises(urllib.error.HTTPError) as refused:  # no way round it to the object
         urllib.request.urlopen(f"{endpoint}/{export_store.bucket}/{record.output_key}", timeout=30)

@@ -118,6 +118,18 @@ def test_arguments_that_cannot_be_stored_are_refused_and_nothing_is_stored(accou
     assert nothing_stored()
 
 
+@pytest.mark.parametrize("argument", [object(), math.nan, b"\xff"])
+def test_an_argument_json_cannot_hold_is_refused_as_the_framework_does_and_as_fairshare_does(account, argument):
+    # Portable code catches the framework's TypeError ("Unsupported type ..."); Fairshare's callers
+    # catch CallRefused and read its code. Each catches this refusal.
+    with pytest.raises(TypeError):
+        f.noop.enqueue(argument, account=account)
+    with pytest.raises(CallRefused, match="cannot be stored as JSON") as refused:
+        f.noop.enqueue(argument, account=account)
+    assert refused.value.code == "arguments_not_json" and isinstance(refused.value, InvalidTask)
+    assert nothing_stored()
+
+
 def test_the_argument_limit_is_a_setting(account, settings):
     settings.FAIRSHARE = {**settings.FAIRSHARE, "TASKS_MAX_ARGS_BYTES": 10}
     with pytest.raises(CallRefused, match="more than the 10 allowed"):
