@@ -3,16 +3,17 @@ from django.core.paginator import Paginator
 from django.http import HttpResponseRedirect
 from django.urls import reverse
 from django.utils.functional import cached_property
-from django.utils.timesince import timeuntil
 
 from budgets.models import Role
 from budgets.tenancy import ReadOnlyAdmin, accounts_visible_to, action_role
 from scheduling import clock
 from scheduling.actions import release_held
-from scheduling.models import DeferReason, DeferredTask, Pause, TaskRun, TaskRunDaily, WorkerHeartbeat
+from scheduling import admin_display
+from scheduling.models import DeferredTask, Pause, TaskRun, TaskRunDaily, WorkerHeartbeat
 from scheduling.operator import message_results
-from scheduling.pausing import UNTIL_RESUMED, pause, resume
-from scheduling.selectors import line_held_up, with_their_line
+from scheduling.object_actions import ObjectActionsAdmin
+from scheduling.pausing import pause, resume
+from scheduling.selectors import hold_shown, with_their_line
 
 
 class CappedPaginator(Paginator):
@@ -28,14 +29,34 @@ class CappedPaginator(Paginator):
 
 @admin.register(TaskRun)
 class TaskRunAdmin(ReadOnlyAdmin):
-    list_display = ["job", "account", "outcome", "started_at", "wall_ms", "cpu_ms", "db_wait_ms",
-                    "storage_wait_ms", "split", "items", "worker"]
+    list_display = ["job", "ref_short", "account", "outcome", "started_at", "wall_ms", "cpu_ms", "split", "items",
+                    "worker"]
+    list_display_links = ["job", "ref_short"]
     list_filter = ["outcome", "job", "queue", "account"]
     search_fields = ["ref", "job", "worker"]
     date_hierarchy = "started_at"
     list_select_related = ["account"]
     show_full_result_count = False
     paginator = CappedPaginator
+    fieldsets = [
+        (None, {"fields": ["job", "ref", "account", "queue", "outcome_explained", "started_at", "finished_at", "worker"]}),
+        ("Where the time went", {"fields": ["wall_ms", "cpu_ms", "db_wait_ms", "storage_wait_ms", "split", "items",
+                                            "peak_rss_kb"]}),
+        ("Error", {"fields": ["error_class", "error_message"]}),
+    ]
+
+    def get_fieldsets(self, request, obj=None):
+        if obj is not None and not (obj.error_class or obj.error_message):
+            return [entry for entry in self.fieldsets if entry[0] != "Error"]  # no empty section on success
+        return self.fieldsets
+
+    @admin.display(description="reference")
+    def ref_short(self, obj):
+        return admin_display.short_id(obj.ref)
+
+    @admin.display(description="outcome")
+    def outcome_explained(self, obj):
+        return admin_display.outcome_explained(obj)
 
     @admin.display(description="CPU / DB / storage")
     def split(self, obj):
@@ -46,33 +67,44 @@ class TaskRunAdmin(ReadOnlyAdmin):
 
 
 @admin.register(DeferredTask)
-class DeferredTaskAdmin(ReadOnlyAdmin):
-    """The holding area: why is this waiting, and until when?"""
+class DeferredTaskAdmin(ObjectActionsAdmin, ReadOnlyAdmin):
+    """The holding area: why is this waiting, and from when may it run? A job's reason and time
+    are read through `hold_shown` alone (its line's, when its line holds it up)."""
 
-    list_display = ["job", "ref", "account", "queue", "reason", "eligible_at", "eta", "priority", "deferrals",
-                    "envelope_version", "created_at"]
+    list_display = ["job", "ref_short", "account", "queue", "reason_shown", "eligible_from", "priority", "deferrals",
+                    "created_at"]
+    list_display_links = ["job", "ref_short"]
     list_filter = ["reason", "queue", "job", "account", "envelope_version"]
     search_fields = ["ref", "job"]
     list_select_related = ["account"]
     show_full_result_count = False
     paginator = CappedPaginator
     actions = ["release"]
+    fieldsets = [
+        (None, {"fields": ["job", "ref", "account", "queue", "reason_shown", "eligible_from", "priority"]}),
+        ("Its record in the holding area", {"fields": ["reason", "eligible_at", "in_line_since", "deferrals", "created_at",
+                                                       "envelope_version", "claimed_by", "claim_expires_at"]}),
+    ]
 
     def get_queryset(self, request):
         return with_their_line(super().get_queryset(request))
 
-    @admin.display(description="ETA")
-    def eta(self, obj):
-        now = clock.now()  # held work's times are on the kernel's (shiftable) clock
-        if obj.reason == DeferReason.NEEDS_NEWER_WORKER:
-            return f"when a worker that speaks envelope v{obj.envelope_version} runs"
-        if obj.in_line_since is None:  # it waits for a time of its own
-            return "when resumed" if obj.eligible_at >= UNTIL_RESUMED else f"in {timeuntil(obj.eligible_at, now)}"
-        held_up = line_held_up(obj, now)
-        if held_up is not None:
-            until, why = held_up
-            return f"in {timeuntil(until, now)} (its account's {why})"
-        return "when a slot frees"
+    def changelist_view(self, request, extra_context=None):
+        return super().changelist_view(request, {"title": "Holding area: held jobs, why they wait, from when they may run",
+                                                 **(extra_context or {})})
+
+    @admin.display(description="ref")
+    def ref_short(self, obj):
+        return admin_display.short_id(obj.ref)
+
+    @admin.display(description="why it waits")
+    def reason_shown(self, obj):
+        return hold_shown(obj, now=clock.now()).reason  # held work's times are on the kernel's (shiftable) clock
+
+    @admin.display(description="eligible from")
+    def eligible_from(self, obj):
+        now = clock.now()
+        return admin_display.eligible_from(hold_shown(obj, now=now), now=now)
 
     @admin.action(description="Release now (back to the queue)", permissions=["release"])
     @action_role(Role.OPERATOR)

@@ -1,6 +1,7 @@
 """Reads of the scheduling app that other apps share."""
 import datetime as dt
 from collections import Counter
+from dataclasses import dataclass
 
 from django.db.models import Count, OuterRef, QuerySet, Subquery, Sum
 
@@ -50,3 +51,32 @@ def line_held_up(held: DeferredTask, now: dt.datetime) -> tuple[dt.datetime, str
     if held.in_line_since is None or until is None or until <= now:
         return None
     return until, "rate limit" if getattr(held, "line_rate_limited", None) else "budget"
+
+
+@dataclass(frozen=True)
+class HoldShown:
+    """What a person is told about a held job: why it waits, and from when it may run (`eligible_from`)
+    or, when no time is known, what it waits for (`waits_for`, to follow "when": a slot frees, an operator resumes it...)."""
+
+    reason: str
+    eligible_from: dt.datetime | None
+    waits_for: str = ""
+
+
+def hold_shown(held: DeferredTask, *, now: dt.datetime) -> HoldShown:
+    """The one reading of a held job's reason and ETA that the admin pages show (the holding area,
+    a task call's page): a job in its account's line that its line holds up shows the line's reason
+    and time, not the copy on the job. Read from `with_their_line`."""
+    reason = held.get_reason_display()
+    if held.reason == DeferReason.NEEDS_NEWER_WORKER:
+        return HoldShown(reason, None, f"a worker that speaks envelope v{held.envelope_version} runs")
+    if held.in_line_since is None:  # it waits for a time of its own (back-off, run_after, a pause)
+        if held.reason == DeferReason.PAUSED:  # held until resumed (scheduling.pausing.UNTIL_RESUMED)
+            return HoldShown(reason, None, "an operator resumes it")
+        return HoldShown(reason, held.eligible_at)
+    held_up = line_held_up(held, now)
+    if held_up is not None:
+        until, why = held_up
+        reason = DeferReason.RATE_LIMITED.label if why == "rate limit" else DeferReason.BUDGET_EXHAUSTED.label
+        return HoldShown(reason, until)
+    return HoldShown(reason, None, "a slot frees")

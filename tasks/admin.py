@@ -6,11 +6,11 @@ from django.utils.html import format_html, format_html_join
 
 from budgets.models import Role
 from budgets.tenancy import ReadOnlyAdmin, action_role
-from scheduling import clock
+from scheduling import admin_display, clock
+from scheduling.object_actions import ObjectActionsAdmin, button
 from scheduling.operator import message_results
-from scheduling.pausing import UNTIL_RESUMED
 from scheduling.redaction import redact
-from scheduling.selectors import line_held_up
+from scheduling.selectors import hold_shown
 from tasks.models import TaskCall
 from tasks.operations import call_cancel, call_retry
 from tasks.selectors import holds_of
@@ -27,11 +27,11 @@ class _HoldsChangeList(ChangeList):
 
 
 @admin.register(TaskCall)
-class TaskCallAdmin(ReadOnlyAdmin):
+class TaskCallAdmin(ObjectActionsAdmin, ReadOnlyAdmin):
     """Django task calls, scoped per account like every record (a system call, which belongs to no
     account, only for superusers); written by the system, so read-only but for retry and cancel."""
 
-    list_display = ["id", "task", "account", "queue", "priority", "status", "waiting", "attempts",
+    list_display = ["short_id", "task", "account", "status", "waiting", "queue", "priority", "attempts",
                     "enqueued_at", "finished_at"]
     list_filter = ["status", "queue", "account"]
     search_fields = ["id", "task_path", "account__slug"]
@@ -50,11 +50,13 @@ class TaskCallAdmin(ReadOnlyAdmin):
         return _HoldsChangeList
 
     @admin.action(description="Retry selected failed task calls", permissions=["act"])
+    @button("Retry this call")
     @action_role(Role.OPERATOR)
     def retry(self, request, queryset):
         message_results(self, request, call_retry(user=request.user, call_ids=list(queryset.values_list("pk", flat=True))))
 
     @admin.action(description="Cancel selected task calls that have not started", permissions=["act"])
+    @button("Cancel this call")
     @action_role(Role.OPERATOR)
     def cancel(self, request, queryset):
         message_results(self, request, call_cancel(user=request.user, call_ids=list(queryset.values_list("pk", flat=True))))
@@ -63,6 +65,10 @@ class TaskCallAdmin(ReadOnlyAdmin):
         """Retry and cancel act on work: whoever sees calls and holds the operator role in an account
         (each selected call is checked against its account)."""
         return self.has_view_permission(request) and self.has_role(request, Role.OPERATOR)
+
+    @admin.display(description="call id", ordering="id")
+    def short_id(self, obj):
+        return admin_display.short_id(obj.pk)
 
     @admin.display(description="task")
     def task(self, obj):
@@ -78,7 +84,12 @@ class TaskCallAdmin(ReadOnlyAdmin):
         if obj.status != "READY":
             return "—"
         held = obj.held if hasattr(obj, "held") else holds_of([obj]).get(str(obj.pk))  # change page: its own
-        return "in the queue" if held is None else f"{held.get_reason_display()} ({_eta(held)})"
+        if held is None:
+            return "in the queue"
+        now = clock.now()  # held work's times are on the kernel's (shiftable) clock
+        shown = hold_shown(held, now=now)
+        when = admin_display.eligible_from(shown, now=now)
+        return f"{shown.reason}, eligible from {when}" if shown.eligible_from else f"{shown.reason}, {when}"
 
     # Arguments and return values are shown redacted (e-mail addresses, tokens, card numbers): tasks
     # should be given ids, and what a host passed anyway is not spelt out to everyone who sees the call.
@@ -98,20 +109,6 @@ class TaskCallAdmin(ReadOnlyAdmin):
             return "—"
         return format_html_join("", "<p><b>{}</b></p><pre>{}</pre>",
                                 ((e["exception_class_path"], e["traceback"]) for e in obj.errors))
-
-
-def _eta(held) -> str:
-    """What a held call waits for, by the holding area's rules (scheduling.admin's ETA): its own
-    time (a back-off, run_after, a resume), or in its account's line a slot, or the time its line
-    is held up until (its budget spent, its rate limit reached)."""
-    now = clock.now()  # held work's times are on the kernel's (shiftable) clock
-    if held.in_line_since is None:
-        return "until resumed" if held.eligible_at >= UNTIL_RESUMED else f"until {held.eligible_at:%Y-%m-%d %H:%M:%S} UTC"
-    held_up = line_held_up(held, now)
-    if held_up is not None:
-        until, why = held_up
-        return f"until {until:%Y-%m-%d %H:%M:%S} UTC: its account's {'budget is spent' if why == 'budget' else why}"
-    return "when a slot frees"
 
 
 def _pre(text: str):

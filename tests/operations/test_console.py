@@ -272,7 +272,62 @@ def test_the_holding_area_says_what_each_job_waits_for_and_until_when(client, ro
 
     page = client.get(reverse("admin:scheduling_deferredtask_changelist")).content.decode()
 
+    assert "Holding area" in page and "Eligible from" in page
     assert "in 3\xa0minutes" in page or "in 4\xa0minutes" in page
-    assert "when resumed" in page and "when a slot frees" in page
-    assert "(its account&#x27;s budget)" in page or "(its account's budget)" in page
-    assert page.count("(its account&#x27;s rate limit)") + page.count("(its account's rate limit)") == 2
+    assert "when an operator resumes it" in page and "when a slot frees" in page
+    # A line held up shows the line's reason and time, once: the next budget day, the rate window.
+    assert f"{budget_clock.next_reset():%Y-%m-%d %H:%M} UTC (in " in page
+    assert page.count("Account at its rate limit") == 2 + 1  # both jobs of limited's line, and the filter
+    assert "Eligible at" not in page and "ETA" not in page
+
+
+def test_a_held_jobs_page_releases_it_and_only_its_accounts_operators_see_it(client, root, account, operator):
+    """The held job's page offers its list's action (release) as a button: it releases the job, says
+    so and logs it; another account's held job is a 404, as is its release."""
+    from scheduling import clock
+    from scheduling.envelope import Envelope
+    from scheduling.holding import hold
+
+    for slug, ref in (("acme", "mine"), ("globex", "theirs")):
+        owner = account if slug == "acme" else AccountFactory(slug=slug)
+        hold(envelope=Envelope(job="tests.noop", account=owner.pk, ref=ref), queue="default",
+             reason=DeferReason.CONCURRENCY_CAP, eligible_at=clock.now())
+    mine, theirs = DeferredTask.objects.get(ref="mine"), DeferredTask.objects.get(ref="theirs")
+    operator.user_permissions.add(Permission.objects.get(codename="view_deferredtask"))
+    client.force_login(operator)
+
+    page = client.get(reverse("admin:scheduling_deferredtask_change", args=[mine.pk])).content.decode()
+    assert 'id="object-action-release"' in page and "Eligible from" in page and "when a slot frees" in page
+    assert client.get(reverse("admin:scheduling_deferredtask_change", args=[theirs.pk])).status_code == 404
+    assert client.post(reverse("admin:scheduling_deferredtask_act", args=[theirs.pk, "release"])).status_code == 404
+    assert client.get(reverse("admin:scheduling_deferredtask_act", args=[mine.pk, "release"])).status_code == 405
+
+    response = client.post(reverse("admin:scheduling_deferredtask_act", args=[mine.pk, "release"]), follow=True)
+    assert "released to the queue" in response.content.decode()
+    assert response.redirect_chain[-1][0] == reverse("admin:scheduling_deferredtask_changelist")  # it is gone
+    assert not DeferredTask.objects.filter(ref="mine").exists() and DeferredTask.objects.filter(ref="theirs").exists()
+    assert LogEntry.objects.filter(user=operator, change_message__startswith="Released from the holding area").exists()
+
+
+def test_a_runs_page_says_what_budget_exhausted_means_and_links_the_budget(client, root, account):
+    budget = Budget.objects.create(account=account, queue="default", cpu_seconds_per_day=1, max_concurrent=1)
+    run = TaskRun.objects.create(account=account, job="tests.spin", queue="default", ref="x" * 36, cpu_ms=1000,
+                                 started_at=timezone.now(), outcome=Outcome.BUDGET_EXHAUSTED)
+    client.force_login(root)
+    page = client.get(reverse("admin:scheduling_taskrun_change", args=[run.pk])).content.decode()
+    assert "daily CPU budget on this queue ran out" in page
+    assert reverse("admin:budgets_budget_change", args=[budget.pk]) in page
+    assert "CPU time (ms)" in page and "Peak memory (KB)" in page and "Cpu ms" not in page and "Peak rss" not in page
+    assert "Error class" not in page  # no empty error section
+    listing = client.get(reverse("admin:scheduling_taskrun_changelist")).content.decode()
+    assert 'title="' + "x" * 36 + '"' in listing  # the long reference in short, whole on hover
+
+
+def test_a_succeeded_exports_page_has_no_failure_section_and_offers_its_actions(client, root, account):
+    export = ExportRecord.objects.create(account=account, source="activity", start_date=dt.date(2026, 1, 1),
+                                         end_date=dt.date(2026, 1, 2), status=ExportStatus.SUCCEEDED, row_count=3)
+    client.force_login(root)
+    page = client.get(reverse("admin:exports_exportrecord_change", args=[export.pk])).content.decode()
+    assert ">Failure<" not in page and 'id="object-action-retry"' in page and "SHA-256 checksum" in page
+    listing = client.get(reverse("admin:exports_exportrecord_changelist")).content.decode()
+    assert f'title="{export.pk}"' in listing and "0 of 5" in listing
