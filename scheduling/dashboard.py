@@ -1,6 +1,8 @@
-"""The operations dashboard (/admin/dashboard/): queues, throughput and failures over a range that
-can be switched (1 h, 24 h, 14 days), usage against budget of the busiest accounts over 14 days,
-held work by reason, drawn as server-side SVG with axes, units and values on hover.
+"""The operations dashboard (/admin/dashboard/): queues, throughput and failures (marked, and the
+latest named) over a range that can be switched (by default since the first run of the last 24 h,
+or 1 h, 24 h, 14 days), CPU used against budget of the busiest budgets over 14 days, each account on
+each queue apart (every queue has its own budget), held work by reason and by account, drawn as
+server-side SVG with axes, units and values on hover.
 
 Each panel is also served on its own (/admin/dashboard/panels/<name>/): as the HTML fragment the
 page's script fetches every few seconds to refresh it, and with `?format=json` as data for scripts.
@@ -16,7 +18,7 @@ from collections import defaultdict
 from dataclasses import dataclass
 
 from django.contrib.admin.views.decorators import staff_member_required
-from django.db.models import Count, OuterRef, Q, QuerySet, Subquery, Sum, Value
+from django.db.models import Count, Min, OuterRef, Q, QuerySet, Subquery, Sum, Value
 from django.db.models.functions import Coalesce, TruncDate, TruncHour, TruncMinute
 from django.http import Http404, HttpResponse, JsonResponse
 from django.shortcuts import render
@@ -32,8 +34,16 @@ from scheduling.selectors import held_counts
 
 FAILURES = (Outcome.FAILED, Outcome.RETRYING, Outcome.LOST, Outcome.REJECTED)
 DAYS = 14
-# The ranges the throughput panel can show: (label, bucket), the first is the default.
-RANGES = {"24h": "last 24 h, per hour", "1h": "last hour, per 5 minutes", "14d": "14 days, per day"}
+# The ranges the throughput panel can show: (label, bucket), the first is the default. "recent"
+# starts at the first run of the last 24 h: a fresh demo's first minute fills the chart, where a
+# fixed 24 h showed one column at its right edge.
+RANGES = {"recent": "since the first run of the last 24 h", "1h": "last hour, per 5 minutes",
+          "24h": "last 24 h, per hour", "14d": "14 days, per day"}
+# "recent": columns of one of these widths (minutes), the narrowest that needs at most RECENT_COLUMNS,
+# over at least RECENT_MIN_SPAN minutes.
+RECENT_BUCKETS_MIN, RECENT_COLUMNS, RECENT_MIN_SPAN = (1, 2, 5, 10, 15, 30, 60), 36, 10
+# How many of the latest failed runs the throughput panel names.
+LATEST_FAILURES = 3
 # How often the page's script fetches its panels again, in seconds (?refresh= within these bounds).
 REFRESH_S, REFRESH_BOUNDS_S = 5, (2, 300)
 
@@ -68,6 +78,42 @@ def throughput_1h(*, runs, now: dt.datetime) -> dict:
         ok[i] += row["n"] - row["failed"]
         failed[i] += row["failed"]
     return _series([b.strftime("%H:%M") for b in buckets], ok, failed, x_unit="UTC, per 5 min")
+
+
+def throughput_recent(*, runs, now: dt.datetime) -> dict:
+    """Finished runs and failures from the first run of the last 24 h to now, in at most
+    RECENT_COLUMNS columns of 1 to 60 minutes. Two queries by the `started_at` index: the first run
+    since a day ago (one index entry), then those runs grouped per minute or hour in the database
+    (at most 1,440 rows); they read the day's runs, whatever the older history or the accounts."""
+    first = runs.filter(started_at__gte=now - dt.timedelta(hours=24)).aggregate(first=Min("started_at"))["first"]
+    if first is None:
+        return {**throughput_1h(runs=runs, now=now), "range_label": "nothing ran in the last 24 h: the last hour"}
+    span_min = max((now - first).total_seconds() / 60, RECENT_MIN_SPAN)
+    bucket = next((b for b in RECENT_BUCKETS_MIN if span_min / b <= RECENT_COLUMNS), RECENT_BUCKETS_MIN[-1])
+    since = first.replace(second=0, microsecond=0)
+    since -= dt.timedelta(minutes=(since.hour * 60 + since.minute) % bucket)
+    n = int((now - since).total_seconds() // (bucket * 60)) + 1
+    trunc = TruncMinute("started_at") if bucket < 60 else TruncHour("started_at")
+    rows = (runs.filter(started_at__gte=since).annotate(at=trunc).values("at")
+            .annotate(n=Count("pk"), failed=Count("pk", filter=Q(outcome__in=FAILURES))).order_by())
+    ok, failed = [0] * n, [0] * n
+    for row in rows:
+        i = min(int((row["at"] - since).total_seconds() // (bucket * 60)), n - 1)
+        ok[i] += row["n"] - row["failed"]
+        failed[i] += row["failed"]
+    width = "hour" if bucket == 60 else f"{bucket} min"
+    labels = [(since + dt.timedelta(minutes=bucket * i)).strftime("%H:%M") for i in range(n)]
+    return {**_series(labels, ok, failed, x_unit=f"UTC, per {width}"),
+            "range_label": f"since {since:%H:%M} UTC (the first run of the last 24 h), per {width}"}
+
+
+def latest_failures(*, runs, since: dt.datetime) -> list[dict]:
+    """The LATEST_FAILURES latest failed runs since `since`: by the `started_at` index, newest first,
+    read until that many failed ones are found (within the panel's window)."""
+    return [{"id": r.pk, "job": r.job, "account": r.account.slug if r.account else "—", "outcome": r.get_outcome_display(),
+             "error_class": r.error_class, "started_at": r.started_at.isoformat()}
+            for r in runs.filter(started_at__gte=since, outcome__in=FAILURES).select_related("account")
+            .order_by("-started_at")[:LATEST_FAILURES]]
 
 
 def throughput_24h(*, runs, now: dt.datetime) -> dict:
@@ -112,31 +158,36 @@ def _series(labels: list[str], ok: list[int], failed: list[int], *, x_unit: str)
             "failure_rate": round(100 * sum(failed) / total, 1) if total else 0.0}
 
 
-# How many accounts the usage panel draws: those that used the most CPU over the window.
-TOP_ACCOUNTS = 12
+# How many budgets (account and queue) the usage panel draws: those that used the most CPU over the window.
+TOP_LINES = 12
 
 
 def usage_against_budget(*, accounts, today: dt.date) -> list[dict]:
-    """For the TOP_ACCOUNTS accounts that used the most CPU over DAYS days: CPU seconds used per
-    day (every queue), and today's limit. Three queries, whatever the number of accounts: the top
-    accounts (each visible account's 14 ledger rows per queue by the (account, queue, day) unique
-    index: grows with the accounts, not the history), their window of the ledger, their budgets."""
+    """For the TOP_LINES budgets (an account on one queue) that used the most CPU over DAYS days:
+    CPU seconds used per day and that queue's daily limit, never summed across queues (each queue
+    has its own budget). Two queries, whatever the number of accounts: the top budgets (each
+    visible budget's 14 ledger rows by the (account, queue, day) unique index: grows with the
+    accounts, not the history), and their window of the ledger."""
     first = today - dt.timedelta(days=DAYS - 1)
     window = UsageDay.objects.filter(day__gte=first)
-    spent = (window.filter(account_id=OuterRef("pk")).values("account_id").annotate(ms=Sum("cpu_used_ms")).values("ms"))
-    top = list(accounts.filter(budgets__isnull=False).distinct()
-               .annotate(ms=Coalesce(Subquery(spent), Value(0))).order_by("-ms", "slug")
-               .values_list("pk", flat=True)[:TOP_ACCOUNTS])
-    used: dict[str, dict[dt.date, float]] = defaultdict(dict)
-    for row in (window.filter(account_id__in=top).values("account__slug", "day")
-                .annotate(ms=Sum("cpu_used_ms")).order_by()):
-        used[row["account__slug"]][row["day"]] = row["ms"] / 1000
-    limits = dict(Budget.objects.filter(account_id__in=top).values("account__slug")
-                  .annotate(s=Sum("cpu_seconds_per_day")).values_list("account__slug", "s").order_by())
+    spent = (window.filter(account_id=OuterRef("account_id"), queue=OuterRef("queue")).values("account_id")
+             .annotate(ms=Sum("cpu_used_ms")).values("ms"))
+    top = list(Budget.objects.filter(account__in=accounts).annotate(ms=Coalesce(Subquery(spent), Value(0)))
+               .order_by("-ms", "account__slug", "queue").values("account_id", "account__slug", "queue",
+                                                                  "cpu_seconds_per_day")[:TOP_LINES])
+    used: dict[tuple[int, str], dict[dt.date, float]] = defaultdict(dict)
+    for row in (window.filter(account_id__in={b["account_id"] for b in top})
+                .values("account_id", "queue", "day", "cpu_used_ms").order_by()):
+        used[row["account_id"], row["queue"]][row["day"]] = row["cpu_used_ms"] / 1000
     days = [first + dt.timedelta(days=i) for i in range(DAYS)]
-    return [{"account": slug, "limit_cpu_s": limit, "today_cpu_s": used[slug].get(today, 0.0),
-             "days": [d.isoformat() for d in days], "used_cpu_s": [used[slug].get(d, 0.0) for d in days]}
-            for slug, limit in sorted(limits.items())]
+    rows = []
+    for b in sorted(top, key=lambda b: (b["account__slug"], b["queue"])):
+        mine = used[b["account_id"], b["queue"]]
+        today_s, limit = mine.get(today, 0.0), b["cpu_seconds_per_day"]
+        rows.append({"account": b["account__slug"], "queue": b["queue"], "limit_cpu_s": limit, "today_cpu_s": today_s,
+                     "today_percent": round(100 * today_s / limit, 1) if limit else None,
+                     "days": [d.isoformat() for d in days], "used_cpu_s": [mine.get(d, 0.0) for d in days]})
+    return rows
 
 
 def held_by_reason(*, scope: Scope) -> list[dict]:
@@ -165,15 +216,37 @@ def panel_throughput(*, scope: Scope, range_: str, now: dt.datetime) -> dict:
         data = throughput_1h(runs=scope.runs(), now=now)
     elif range_ == "14d":
         data = runs_per_day(scope=scope, today=now.date())
-    else:
+    elif range_ == "24h":
         data = throughput_24h(runs=scope.runs(), now=now)
-    return {"range": range_, "range_label": RANGES[range_], "unit": "runs", **data}
+    else:
+        data = throughput_recent(runs=scope.runs(), now=now)
+    window = {"1h": dt.timedelta(hours=1), "14d": dt.timedelta(days=DAYS)}.get(range_, dt.timedelta(hours=24))
+    return {"range": range_, "range_label": RANGES[range_], "unit": "runs", **data,
+            "latest_failures": latest_failures(runs=scope.runs(), since=now - window)}
+
+
+# How many accounts' lines the held panel names: those holding the most.
+TOP_HELD = 10
+
+
+def held_by_account(*, scope: Scope) -> list[dict]:
+    """The TOP_HELD lines (an account on a queue) holding the most jobs, with their reasons: one
+    query of the Backlog rows (one per account and queue: grows with the accounts, not the holding
+    area)."""
+    backlogs = Backlog.objects.filter(held__gt=0)
+    if not scope.superuser:
+        backlogs = backlogs.filter(account__in=scope.accounts)
+    labels = dict(DeferReason.choices)
+    return [{"account": row["account__slug"], "queue": row["queue"], "held": row["held"],
+             "reasons": {labels[r]: row[r] for r in DeferReason.values if row[r]}}
+            for row in backlogs.order_by("-held", "account__slug").values(
+                "account__slug", "queue", "held", *DeferReason.values)[:TOP_HELD]]
 
 
 def panel_held(*, scope: Scope, range_: str, now: dt.datetime) -> dict:
     # Pauses: one row per paused account or queue, by the pause's unique (account, queue) index.
     pauses = Pause.objects.select_related("account").filter(Q(account__isnull=True) | Q(account__in=scope.accounts))
-    return {"held": held_by_reason(scope=scope), "unit": "held jobs",
+    return {"held": held_by_reason(scope=scope), "accounts": held_by_account(scope=scope), "unit": "held jobs",
             "pauses": [str(p) for p in pauses.order_by("queue")]}
 
 
@@ -186,10 +259,12 @@ def _draw(name: str, data: dict) -> dict:
     if name == "throughput":
         return {"chart": charts.columns({"succeeded": data["succeeded"], "failed": data["failed"]}, data["labels"],
                                         colors={"succeeded": charts.USED, "failed": charts.FAILED}, unit="runs",
-                                        x_unit=data["x_unit"])}
+                                        x_unit=data["x_unit"], mark="failed")}
     if name == "held":
         return {"chart": charts.bars([(f"{row['label']} ({row['queue']})", row["held"]) for row in data["held"]],
-                                     unit="held", color=charts.HELD)}
+                                     unit="held jobs", color=charts.HELD),
+                "accounts_chart": charts.bars([(f"{row['account']} ({row['queue']})", row["held"])
+                                               for row in data["accounts"]], unit="held jobs", color=charts.HELD)}
     if name == "usage":
         return {"rows": [{**row, "chart": charts.columns(
             {"used": row["used_cpu_s"]}, [d[5:] for d in row["days"]], colors={"used": charts.USED},

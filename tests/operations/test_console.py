@@ -49,16 +49,18 @@ def test_the_dashboard_reads_a_bounded_number_of_queries_whatever_the_history(
         page = client.get(reverse("ops-dashboard"))
     assert page.status_code == 200
     body = page.content.decode()
-    for section in ("Queues: depth and oldest job", "Throughput, last 24 h", "Held work by reason",
-                    "CPU used against budget per account"):
+    for section in ("Queues: depth and oldest job", "Throughput, since ", "(the first run of the last 24 h), per 30 min",
+                    "Held work by reason", "CPU used against budget per account and queue"):
         assert section in body
-    assert "600 runs, failure rate 20.0%" in body
-    # Throughput, held work, and the usage of each of the three accounts.
-    assert "Paused by an operator (exports)" in body and body.count('<svg class="chart"') == 5
+    assert "600 runs, failure rate 20.0%" in body and "Latest failures" in body
+    # Throughput, held work by reason and by account, the usage of each account on each queue apart.
+    assert "Paused by an operator (exports)" in body and "acme (exports)" in body
+    assert body.count('<svg class="chart"') == 1 + 2 + 3 * 2
     assert "tenant-2" in body and "http://" not in body.split("<body")[1].replace("http://www.w3.org", "")
 
 
-@pytest.mark.parametrize("range_, buckets, runs", [("1h", 12, 12), ("24h", 24, 288), ("14d", 14, 2600)])
+@pytest.mark.parametrize("range_, buckets, runs", [("1h", 12, 12), ("24h", 24, 288), ("14d", 14, 2600),
+                                                  ("recent", 34, 200)])
 def test_the_throughput_panel_switches_its_range_and_is_served_as_json(client, root, account, range_, buckets, runs,
                                                                        django_assert_max_num_queries):
     """Runs every 5 minutes for a day (200, one in five failed) and 13 days of roll-ups (10
@@ -70,7 +72,7 @@ def test_the_throughput_panel_switches_its_range_and_is_served_as_json(client, r
     with django_assert_max_num_queries(8):
         data = client.get(reverse("ops-dashboard-panel", args=["throughput"]), {"range": range_, "format": "json"}).json()
     assert data["range"] == range_ and len(data["labels"]) == len(data["succeeded"]) == len(data["failed"]) == buckets
-    expected = {"1h": 12, "24h": 200, "14d": 200 + 13 * 20}[range_]
+    expected = {"1h": 12, "24h": 200, "recent": 200, "14d": 200 + 13 * 20}[range_]
     assert data["total"] == sum(data["succeeded"]) + sum(data["failed"]) == expected
     fragment = client.get(reverse("ops-dashboard-panel", args=["throughput"]), {"range": range_}).content.decode()
     assert f"{expected} runs, failure rate" in fragment
@@ -82,7 +84,7 @@ def test_the_charts_have_axes_with_units_and_values_on_hover(client, root, accou
     budgets_ensure_defaults(account=account)
     _history(account, 2)
     client.force_login(root)
-    throughput = client.get(reverse("ops-dashboard-panel", args=["throughput"])).content.decode()
+    throughput = client.get(reverse("ops-dashboard-panel", args=["throughput"]), {"range": "24h"}).content.decode()
     # The y axis is labelled with its unit and a round top; the x axis with hours (UTC).
     assert ">runs</text>" in throughput and ">UTC, per hour</text>" in throughput and ":00</text>" in throughput
     # A full hour of runs every 5 minutes: 12, in a column whose tooltip says so.
@@ -91,7 +93,9 @@ def test_the_charts_have_axes_with_units_and_values_on_hover(client, root, accou
     assert ok + failed == 12 and failed in (2, 3)
     assert f"<title>{hour}: succeeded {ok}, failed {failed} runs</title>" in throughput
     usage = client.get(reverse("ops-dashboard-panel", args=["usage"])).content.decode()
-    assert ">CPU s</text>" in usage and "(limit 5,400)" in usage  # the standard plan: 3,600 + 1,800 CPU s a day
+    # The standard plan: 3,600 CPU s a day on default, 1,800 on exports, each queue apart (never 5,400).
+    assert ">CPU s</text>" in usage and "(limit 3,600)" in usage and "(limit 1,800)" in usage
+    assert "5,400" not in usage
     held = client.get(reverse("ops-dashboard-panel", args=["held"]), {"format": "json"}).json()
     assert held["held"] == [] and held["unit"] == "held jobs"
 
@@ -105,7 +109,7 @@ def test_the_panels_and_their_json_are_scoped_like_the_page(client, account, ope
                                 reason=DeferReason.CONCURRENCY_CAP, eligible_at=timezone.now())
     client.force_login(operator)
     usage = client.get(reverse("ops-dashboard-panel", args=["usage"]), {"format": "json"}).json()
-    assert [row["account"] for row in usage["accounts"]] == ["acme"]
+    assert [(row["account"], row["queue"]) for row in usage["accounts"]] == [("acme", "default"), ("acme", "exports")]
     assert client.get(reverse("ops-dashboard-panel", args=["throughput"]), {"format": "json"}).json()["total"] == 0
     assert client.get(reverse("ops-dashboard-panel", args=["held"]), {"format": "json"}).json()["held"] == []
     assert client.get(reverse("ops-dashboard-panel", args=["queues"])).status_code == 404  # the broker is everyone's
