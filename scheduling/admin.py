@@ -29,8 +29,9 @@ class CappedPaginator(Paginator):
 
 @admin.register(TaskRun)
 class TaskRunAdmin(ReadOnlyAdmin):
-    list_display = ["job", "ref_short", "account", "outcome", "started_at", "wall_ms", "cpu_ms", "split", "items",
-                    "worker"]
+    # What fits beside the admin's two sidebars at 1400 px; the items, the worker and each wait are on
+    # the run's page.
+    list_display = ["job", "ref_short", "account", "outcome", "started", "wall_and_cpu", "split"]
     list_display_links = ["job", "ref_short"]
     list_filter = ["outcome", "job", "queue", "account"]
     search_fields = ["ref", "job", "worker"]
@@ -54,6 +55,14 @@ class TaskRunAdmin(ReadOnlyAdmin):
     def ref_short(self, obj):
         return admin_display.short_id(obj.ref)
 
+    @admin.display(description="started", ordering="started_at")
+    def started(self, obj):
+        return admin_display.short_time(obj.started_at)
+
+    @admin.display(description="wall / CPU (ms)", ordering="wall_ms")
+    def wall_and_cpu(self, obj):
+        return f"{obj.wall_ms} / {obj.cpu_ms}"
+
     @admin.display(description="outcome")
     def outcome_explained(self, obj):
         return admin_display.outcome_explained(obj)
@@ -71,8 +80,7 @@ class DeferredTaskAdmin(ObjectActionsAdmin, ReadOnlyAdmin):
     """The holding area: why is this waiting, and from when may it run? A job's reason and time
     are read through `hold_shown` alone (its line's, when its line holds it up)."""
 
-    list_display = ["job", "ref_short", "account", "queue", "reason_shown", "eligible_from", "priority", "deferrals",
-                    "created_at"]
+    list_display = ["job", "ref_short", "account", "queue", "reason_shown", "eligible_from", "held_since"]
     list_display_links = ["job", "ref_short"]
     list_filter = ["reason", "queue", "job", "account", "envelope_version"]
     search_fields = ["ref", "job"]
@@ -82,8 +90,11 @@ class DeferredTaskAdmin(ObjectActionsAdmin, ReadOnlyAdmin):
     actions = ["release"]
     fieldsets = [
         (None, {"fields": ["job", "ref", "account", "queue", "reason_shown", "eligible_from", "priority"]}),
-        ("Its record in the holding area", {"fields": ["reason", "eligible_at", "in_line_since", "deferrals", "created_at",
-                                                       "envelope_version", "claimed_by", "claim_expires_at"]}),
+        # Not its `eligible_at`: a job in its account's line goes by its line's time ("eligible from",
+        # above), and its own copy, long past, read as a second and contradictory time.
+        ("Its record in the holding area", {"fields": ["reason", "in_line_since", "deferrals", "created_at",
+                                                       "envelope_version", "claimed_by", "claim_expires_at"],
+                                            "classes": ["collapse"]}),
     ]
 
     def get_queryset(self, request):
@@ -93,9 +104,13 @@ class DeferredTaskAdmin(ObjectActionsAdmin, ReadOnlyAdmin):
         return super().changelist_view(request, {"title": "Holding area: held jobs, why they wait, from when they may run",
                                                  **(extra_context or {})})
 
-    @admin.display(description="ref")
+    @admin.display(description="reference")
     def ref_short(self, obj):
         return admin_display.short_id(obj.ref)
+
+    @admin.display(description="held since", ordering="created_at")
+    def held_since(self, obj):
+        return admin_display.short_time(obj.created_at)
 
     @admin.display(description="why it waits")
     def reason_shown(self, obj):

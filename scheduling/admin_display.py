@@ -3,6 +3,7 @@ hover and on the record's page), a held job's "eligible from" time, what a run's
 import datetime as dt
 
 from django.urls import reverse
+from django.utils import timezone
 from django.utils.html import format_html
 from django.utils.safestring import SafeString
 from django.utils.timesince import timesince, timeuntil
@@ -60,3 +61,14 @@ def outcome_explained(run) -> SafeString:
         return means
     return format_html('{} <a class="budget-link" href="{}">{}\'s {} budget</a>', means,
                        reverse("admin:budgets_budget_change", args=[budget]), run.account, run.queue)
+
+
+def short_time(value: dt.datetime | None, *, now: dt.datetime | None = None) -> SafeString | str:
+    """A time in a narrow column: "17:43:02" today, "2026-12-03 17:43" before (UTC), the whole of
+    it on hover (Django's "Dec. 4, 2026, 5:43 p.m." takes a column's width of its own)."""
+    if value is None:
+        return "—"
+    now = now or timezone.now()
+    value = value.astimezone(dt.UTC)
+    text = f"{value:%H:%M:%S}" if value.date() == now.astimezone(dt.UTC).date() else f"{value:%Y-%m-%d %H:%M}"
+    return format_html('<span class="short-time" title="{}">{}</span>', f"{value:%Y-%m-%d %H:%M:%S} UTC", text)

@@ -92,7 +92,9 @@ def throughput_recent(*, runs, now: dt.datetime) -> dict:
     bucket = next((b for b in RECENT_BUCKETS_MIN if span_min / b <= RECENT_COLUMNS), RECENT_BUCKETS_MIN[-1])
     since = first.replace(second=0, microsecond=0)
     since -= dt.timedelta(minutes=(since.hour * 60 + since.minute) % bucket)
-    n = int((now - since).total_seconds() // (bucket * 60)) + 1
+    # At least RECENT_MIN_SPAN minutes of columns from the first run on: in the demo's first minute
+    # its work is the first column of ten, which fill from the left as the minutes pass.
+    n = max(int((now - since).total_seconds() // (bucket * 60)) + 1, RECENT_MIN_SPAN // bucket)
     trunc = TruncMinute("started_at") if bucket < 60 else TruncHour("started_at")
     rows = (runs.filter(started_at__gte=since).annotate(at=trunc).values("at")
             .annotate(n=Count("pk"), failed=Count("pk", filter=Q(outcome__in=FAILURES))).order_by())
@@ -184,7 +186,8 @@ def usage_against_budget(*, accounts, today: dt.date) -> list[dict]:
     for b in sorted(top, key=lambda b: (b["account__slug"], b["queue"])):
         mine = used[b["account_id"], b["queue"]]
         today_s, limit = mine.get(today, 0.0), b["cpu_seconds_per_day"]
-        rows.append({"account": b["account__slug"], "queue": b["queue"], "limit_cpu_s": limit, "today_cpu_s": today_s,
+        rows.append({"account": b["account__slug"], "queue": b["queue"], "limit_cpu_s": limit, "limit_text": f"{limit:,}",
+                     "today_cpu_s": today_s,
                      "today_percent": round(100 * today_s / limit, 1) if limit else None,
                      "days": [d.isoformat() for d in days], "used_cpu_s": [mine.get(d, 0.0) for d in days]})
     return rows
@@ -266,10 +269,11 @@ def _draw(name: str, data: dict) -> dict:
                 "accounts_chart": charts.bars([(f"{row['account']} ({row['queue']})", row["held"])
                                                for row in data["accounts"]], unit="held jobs", color=charts.HELD)}
     if name == "usage":
+        # A budget nothing used in DAYS days is a line of text, not an empty chart.
         return {"rows": [{**row, "chart": charts.columns(
             {"used": row["used_cpu_s"]}, [d[5:] for d in row["days"]], colors={"used": charts.USED},
-            limit=[row["limit_cpu_s"]] * DAYS, unit="CPU s", height=110, x_unit="UTC, per day")}
-            for row in data["accounts"]]}
+            limit=[row["limit_cpu_s"]] * DAYS, unit="CPU s", height=110, x_unit="UTC, per day")
+            if any(row["used_cpu_s"]) else ""} for row in data["accounts"]]}
     return {}
 
 

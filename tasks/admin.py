@@ -31,8 +31,7 @@ class TaskCallAdmin(ObjectActionsAdmin, ReadOnlyAdmin):
     """Django task calls, scoped per account like every record (a system call, which belongs to no
     account, only for superusers); written by the system, so read-only but for retry and cancel."""
 
-    list_display = ["short_id", "task", "account", "status", "waiting", "queue", "priority", "attempts",
-                    "enqueued_at", "finished_at"]
+    list_display = ["short_id", "task", "account", "status", "waiting", "queue", "attempts", "enqueued", "finished"]
     list_filter = ["status", "queue", "account"]
     search_fields = ["id", "task_path", "account__slug"]
     date_hierarchy = "enqueued_at"
@@ -69,6 +68,14 @@ class TaskCallAdmin(ObjectActionsAdmin, ReadOnlyAdmin):
     @admin.display(description="call id", ordering="id")
     def short_id(self, obj):
         return admin_display.short_id(obj.pk)
+
+    @admin.display(description="enqueued", ordering="enqueued_at")
+    def enqueued(self, obj):
+        return admin_display.short_time(obj.enqueued_at)
+
+    @admin.display(description="finished", ordering="finished_at")
+    def finished(self, obj):
+        return admin_display.short_time(obj.finished_at)
 
     @admin.display(description="task")
     def task(self, obj):
