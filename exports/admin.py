@@ -6,7 +6,7 @@ from django.utils.html import format_html
 from budgets.models import Role
 from budgets.tenancy import AccountScopedAdmin, ReadOnlyAdmin, action_role, can_export
 from exports.models import ActivityEvent, ExportAttempt, ExportRecord, ExportSchedule, ExportStatus
-from exports.operations import export_cancel_by, export_retry, export_schedule_run_now
+from exports.operations import RETRYABLE, export_cancel_by, export_retry, export_schedule_run_now
 from scheduling import admin_display
 from scheduling.object_actions import ObjectActionsAdmin, button
 from scheduling.operator import message_results
@@ -45,6 +45,9 @@ class ExportRecordAdmin(ObjectActionsAdmin, ReadOnlyAdmin):
                                            "lease_expires_at", "rows_written", "rows_estimated", "created_at",
                                            "started_at"], "classes": ["collapse"]}),
     ]
+
+    def object_action_applies(self, obj, name: str) -> bool:
+        return obj.status in {"retry": RETRYABLE, "cancel": (ExportStatus.QUEUED, ExportStatus.RUNNING)}.get(name, ())
 
     def get_fieldsets(self, request, obj=None):
         if obj is not None and not (obj.error_class or obj.error_message):

@@ -101,8 +101,9 @@ class DeferredTaskAdmin(ObjectActionsAdmin, ReadOnlyAdmin):
         return with_their_line(super().get_queryset(request))
 
     def changelist_view(self, request, extra_context=None):
+        # The place is the holding area; what it counts are held jobs ("Select all 64 held jobs").
         return super().changelist_view(request, {"title": "Holding area: held jobs, why they wait, from when they may run",
-                                                 **(extra_context or {})})
+                                                 "module_name": "held jobs", **(extra_context or {})})
 
     @admin.display(description="reference")
     def ref_short(self, obj):

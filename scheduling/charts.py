@@ -39,8 +39,8 @@ def nice_top(value: float) -> float:
 
 
 def bars(rows: Sequence[tuple[str, float]], *, unit: str = "", color: str = USED, width: int = 560) -> SafeString:
-    """Horizontal bars, one per (label, value), the value written beside each, on an axis from 0
-    to a round top with its unit."""
+    """Horizontal bars, one per (label, value), the value written beside each (its unit is the
+    axis'), on an axis from 0 to a round top with its unit."""
     if not rows:
         return mark_safe('<p class="chart-empty">nothing to show</p>')
     top = nice_top(max(value for _, value in rows))
@@ -50,10 +50,10 @@ def bars(rows: Sequence[tuple[str, float]], *, unit: str = "", color: str = USED
     body = format_html_join("", (
         '<text x="0" y="{}" font-size="11" fill="currentColor">{}</text>'
         '<rect x="{}" y="{}" width="{}" height="12" fill="{}" data-tip="{}"><title>{}</title></rect>'
-        '<text x="{}" y="{}" font-size="11" fill="currentColor">{} {}</text>'), (
+        '<text x="{}" y="{}" font-size="11" fill="currentColor">{}</text>'), (
         (i * line + 11, label[:52], label_w, i * line + 1, max(round(bar_w * value / top), 1), color,
          f"{label}: {_num(value)} {unit}", f"{label}: {_num(value)} {unit}",
-         label_w + round(bar_w * value / top) + 4, i * line + 11, _num(value), unit)
+         label_w + round(bar_w * value / top) + 4, i * line + 11, _num(value))
         for i, (label, value) in enumerate(rows)))
     ticks = format_html_join("", (
         '<line x1="{}" y1="{}" x2="{}" y2="{}" stroke="{}"/>'

@@ -33,13 +33,19 @@ class ObjectActionsAdmin(admin.ModelAdmin):
         return [path("<path:object_id>/act/<str:action>/", self.admin_site.admin_view(self.object_action_view), name=name),
                 *super().get_urls()]
 
-    def object_actions(self, request) -> list[tuple[str, str]]:
-        """(name, description) of the list's actions this user may run."""
+    def object_actions(self, request, obj) -> list[tuple[str, str]]:
+        """(name, words) of the list's actions this user may run that apply to `obj` now."""
         return [(name, getattr(func, "button", None) or str(description) % model_format_dict(self.opts))
-                for name, (func, _, description) in self.get_actions(request).items() if name not in NOT_A_BUTTON]
+                for name, (func, _, description) in self.get_actions(request).items()
+                if name not in NOT_A_BUTTON and self.object_action_applies(obj, name)]
+
+    def object_action_applies(self, obj, name: str) -> bool:
+        """Whether action `name` has a button on `obj`'s page (no "retry" on a succeeded export). Only
+        what is offered: the action's service still decides, under its lock, as from the list."""
+        return True
 
     def render_change_form(self, request, context, add=False, change=False, form_url="", obj=None):
-        context["object_actions"] = [] if obj is None else self.object_actions(request)
+        context["object_actions"] = [] if obj is None else self.object_actions(request, obj)
         return super().render_change_form(request, context, add=add, change=change, form_url=form_url, obj=obj)
 
     def object_action_view(self, request, object_id: str, action: str):

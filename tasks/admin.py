@@ -45,6 +45,9 @@ class TaskCallAdmin(ObjectActionsAdmin, ReadOnlyAdmin):
                                  "started_at", "last_attempted_at", "finished_at"]}),
     ]
 
+    def object_action_applies(self, obj, name: str) -> bool:
+        return obj.status == {"retry": "FAILED", "cancel": "READY"}.get(name)
+
     def get_changelist(self, request, **kwargs):
         return _HoldsChangeList
 

@@ -327,11 +327,15 @@ def test_a_runs_page_says_what_budget_exhausted_means_and_links_the_budget(clien
     assert 'title="' + "x" * 36 + '"' in listing  # the long reference in short, whole on hover
 
 
-def test_a_succeeded_exports_page_has_no_failure_section_and_offers_its_actions(client, root, account):
+def test_an_exports_page_shows_a_failure_section_and_the_actions_that_apply_to_it(client, root, account):
     export = ExportRecord.objects.create(account=account, source="activity", start_date=dt.date(2026, 1, 1),
                                          end_date=dt.date(2026, 1, 2), status=ExportStatus.SUCCEEDED, row_count=3)
     client.force_login(root)
     page = client.get(reverse("admin:exports_exportrecord_change", args=[export.pk])).content.decode()
-    assert ">Failure<" not in page and 'id="object-action-retry"' in page and "SHA-256 checksum" in page
+    assert ">Failure<" not in page and "SHA-256 checksum" in page
+    assert "object-action-retry" not in page and "object-action-cancel" not in page  # nothing to retry or cancel
+    ExportRecord.objects.filter(pk=export.pk).update(status=ExportStatus.FAILED, error_class="RuntimeError")
+    page = client.get(reverse("admin:exports_exportrecord_change", args=[export.pk])).content.decode()
+    assert ">Failure<" in page and 'id="object-action-retry"' in page and "object-action-cancel" not in page
     listing = client.get(reverse("admin:exports_exportrecord_changelist")).content.decode()
     assert f'title="{export.pk}"' in listing and "0 of 5" in listing
