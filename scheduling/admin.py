@@ -3,6 +3,7 @@ from django.core.paginator import Paginator
 from django.http import HttpResponseRedirect
 from django.urls import reverse
 from django.utils.functional import cached_property
+from django.utils.html import format_html
 
 from budgets.models import Role
 from budgets.tenancy import ReadOnlyAdmin, accounts_visible_to, action_role
@@ -61,18 +62,18 @@ class TaskRunAdmin(ReadOnlyAdmin):
 
     @admin.display(description="wall / CPU (ms)", ordering="wall_ms")
     def wall_and_cpu(self, obj):
-        return f"{obj.wall_ms} / {obj.cpu_ms}"
+        return format_html('<span class="nowrap">{} / {}</span>', obj.wall_ms, obj.cpu_ms)
 
     @admin.display(description="outcome")
     def outcome_explained(self, obj):
         return admin_display.outcome_explained(obj)
 
-    @admin.display(description="CPU / DB / storage")
+    @admin.display(description="CPU / DB / storage (%)")
     def split(self, obj):
         total = obj.cpu_ms + obj.db_wait_ms + obj.storage_wait_ms
         if not total:
             return "—"
-        return " / ".join(f"{round(100 * part / total)}%" for part in (obj.cpu_ms, obj.db_wait_ms, obj.storage_wait_ms))
+        return "/".join(f"{round(100 * part / total)}" for part in (obj.cpu_ms, obj.db_wait_ms, obj.storage_wait_ms))
 
 
 @admin.register(DeferredTask)

@@ -285,6 +285,25 @@ def test_the_dashboard_and_fair_share_now_follow_the_demo_workload_live(
     assert "fs_PlantedToken" not in page.locator("#content").inner_text()
     _keep(page, "failed-task.png", tmp_path)
 
+    # Django task calls: one that fails, and globex's, held behind its flood; their list fits at 1400 px.
+    from tasks.models import TaskCall
+    from tests.tasks import functions
+
+    call = functions.failing_value_error.enqueue(account=accounts[demo.LIGHT])
+    for i in range(3):
+        functions.echo.enqueue(i, account=accounts[demo.FLOOD])
+    deadline = time.monotonic() + 60
+    while TaskCall.objects.get(pk=call.id).status != "FAILED":
+        assert time.monotonic() < deadline, "the failing task call never ran"
+        time.sleep(0.5)
+    page = console.open(f"/admin/tasks/taskcall/{call.id}/change/")
+    sync_api.expect(page.locator("#content")).to_contain_text("This task failed due to ValueError")
+    assert page.locator("#object-action-retry").count() == 1
+    _keep(page, "failed-task-call.png", tmp_path)
+    page = console.open("/admin/tasks/taskcall/")
+    _keep(page, "list-taskcall-under-load.png", tmp_path)
+    assert page.locator("#result_list tbody tr").count() >= 4 and _unclipped(page)
+
     # The dashboard under the same load: its default range shows the work from its first minute, the
     # failure is named; a column's value on hover; the range switched.
     page = console.open("/admin/dashboard/?refresh=2")
