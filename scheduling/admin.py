@@ -138,7 +138,9 @@ class DeferredTaskAdmin(ObjectActionsAdmin, ReadOnlyAdmin):
 
 
 @admin.register(TaskRunDaily)
-class TaskRunDailyAdmin(ReadOnlyAdmin):
+class TaskRunDailyAdmin(admin_display.LabelledAdmin, ReadOnlyAdmin):
+    labels = {"cpu_ms": "CPU time (ms)", "wall_ms": "wall time (ms)", "db_wait_ms": "database wait (ms)",
+              "storage_wait_ms": "storage wait (ms)"}
     list_display = ["day", "job", "account", "queue", "outcome", "runs", "cpu_ms", "wall_ms", "db_wait_ms",
                     "storage_wait_ms", "items"]
     list_filter = ["outcome", "job", "queue"]
@@ -146,7 +148,8 @@ class TaskRunDailyAdmin(ReadOnlyAdmin):
 
 
 @admin.register(WorkerHeartbeat)
-class WorkerHeartbeatAdmin(ReadOnlyAdmin):
+class WorkerHeartbeatAdmin(admin_display.LabelledAdmin, ReadOnlyAdmin):
+    labels = {"seen_at": "last seen", "stalled_since": "stalled since"}
     list_display = ["worker", "queue", "seen_at", "stalled_since"]
     list_filter = ["queue"]
     account_path = None

@@ -2,6 +2,8 @@
 hover and on the record's page), a held job's "eligible from" time, what a run's outcome means."""
 import datetime as dt
 
+from django.contrib import admin
+from django.contrib.admin.utils import display_for_field
 from django.urls import reverse
 from django.utils import timezone
 from django.utils.html import format_html
@@ -72,3 +74,32 @@ def short_time(value: dt.datetime | None, *, now: dt.datetime | None = None) -> 
     value = value.astimezone(dt.UTC)
     text = f"{value:%H:%M:%S}" if value.date() == now.astimezone(dt.UTC).date() else f"{value:%Y-%m-%d %H:%M}"
     return format_html('<span class="short-time" title="{}">{}</span>', f"{value:%Y-%m-%d %H:%M:%S} UTC", text)
+
+
+class LabelledAdmin(admin.ModelAdmin):
+    """Human labels and help texts for a record's fields ("CPU used (ms)", not "Cpu used ms"), on
+    its page and as its list's column headers, set in the admin: a model's wording changed in the
+    model is a migration per wording, for a table other work also migrates."""
+
+    labels: dict[str, str] = {}
+    help_texts: dict[str, str] = {}
+
+    def get_form(self, request, obj=None, **kwargs):
+        # A view-only page shows each field as a read-only one, which takes its label and help
+        # text from the form's Meta (django.contrib.admin.helpers.AdminReadonlyField).
+        kwargs.setdefault("labels", self.labels)
+        kwargs.setdefault("help_texts", self.help_texts)
+        return super().get_form(request, obj, **kwargs)
+
+    def get_list_display(self, request):
+        return [self._labelled(name) if isinstance(name, str) and name in self.labels else name
+                for name in super().get_list_display(request)]
+
+    def _labelled(self, name: str):
+        field = self.model._meta.get_field(name)
+
+        @admin.display(description=self.labels[name], ordering=name)
+        def column(obj):
+            return display_for_field(getattr(obj, name), field, self.get_empty_value_display())
+        column.__name__ = name  # the column's CSS class, as for the field itself
+        return column

@@ -339,3 +339,32 @@ def test_an_exports_page_shows_a_failure_section_and_the_actions_that_apply_to_i
     assert ">Failure<" in page and 'id="object-action-retry"' in page and "object-action-cancel" not in page
     listing = client.get(reverse("admin:exports_exportrecord_changelist")).content.decode()
     assert f'title="{export.pk}"' in listing and "0 of 5" in listing
+
+
+def test_every_system_records_page_and_list_speak_in_human_labels(client, root, account):
+    """No field name shown as Django spells it ("Cpu ms", "Peak rss kb", "Db wait ms")."""
+    from budgets.models import BudgetAdjustment, Reservation
+    from scheduling.models import WorkerHeartbeat
+
+    now = timezone.now()
+    budget = Budget.objects.create(account=account, queue="default", cpu_seconds_per_day=60, max_concurrent=1)
+    records = [
+        TaskRun.objects.create(account=account, job="tests.noop", started_at=now, outcome=Outcome.SUCCEEDED),
+        TaskRunDaily.objects.create(day=now.date(), account=account, job="tests.noop", queue="default",
+                                    outcome=Outcome.SUCCEEDED, runs=1),
+        UsageDay.objects.create(account=account, queue="default", day=now.date(), cpu_used_ms=5),
+        Reservation.objects.create(account=account, queue="default", day=now.date(), job="tests.noop", ref="r",
+                                   lease_expires_at=now),
+        BudgetAdjustment.objects.create(budget=budget, cpu_seconds_per_day=120, previous_cpu_seconds=60),
+        WorkerHeartbeat.objects.create(worker="vm:1", queue="default", seen_at=now),
+        budget,
+    ]
+    client.force_login(root)
+    for record in records:
+        opts = record._meta
+        for url in (reverse(f"admin:{opts.app_label}_{opts.model_name}_change", args=[record.pk]),
+                    reverse(f"admin:{opts.app_label}_{opts.model_name}_changelist")):
+            text = re.sub(r"<[^>]+>", " ", client.get(url).content.decode().split('id="content"')[1])
+            assert not re.search(r"\b(Cpu|Rss|rss|Db wait|wait ms|used ms|reserved ms)\b", text), (url, text)
+    usage = client.get(reverse("admin:budgets_usageday_changelist")).content.decode()
+    assert "CPU used (ms)" in usage and "Stopped at the cap" in usage
