@@ -2,7 +2,8 @@
 server and a real exports `qcluster`. An operator logs in, opens a failed export and sees its
 redacted error, retries it and sees it succeed, pauses an account and sees its new work held with
 that reason, resumes it and sees the work run, and runs a recurring export now. The dashboard's
-screenshot is kept: the test's tmp dir and var/test-artifacts/console-dashboard.png.
+screenshot is kept: the test's tmp dir and var/test-artifacts/console-dashboard.png; the second
+test keeps the pages an operator meets under the demo's workload beside it.
 
 scripts/test installs Playwright's package (requirements-dev.txt) and, as root, Debian's chromium;
 Playwright's own browser download cannot work here. Without either, this test skips and says why
@@ -206,7 +207,10 @@ def test_the_dashboard_and_fair_share_now_follow_the_demo_workload_live(
     flood waits at its cap and is worked off, initech's light jobs run beside it, umbrella's work
     waits for its CPU budget, acme's recurring export completes. The fair-share view, refreshed by
     its own script (the page is never reloaded), shows globex's held count fall; the charts show a
-    value on hover; the search finds an account; both pages are kept as screenshots under load."""
+    value on hover; the search finds an account. At 1400x1000, under that load: the holding area is
+    named so and no list clips a column, a held job's page releases it, a failed task run and task
+    call read in words, the dashboard's default range shows the work and its failure, an export's
+    page has no empty Failure section; each page is kept as a screenshot (var/test-artifacts/)."""
     import datetime as dt
 
     from django.utils import timezone
