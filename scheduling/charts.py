@@ -142,4 +142,7 @@ def columns(series: dict[str, Sequence[float]], labels: Sequence[str], *, colors
 
 
 def _num(value: float) -> str:
-    return f"{value:,.0f}" if value >= 10 or value == int(value) else f"{value:.1f}"
+    if value >= 10 or value == int(value):
+        return f"{value:,.0f}"
+    # Two decimals at most, none padded: an axis' 0.25 tick is "0.25", not "0.2" (it read as a lie).
+    return f"{value:.2f}".rstrip("0").rstrip(".")

@@ -185,7 +185,9 @@ class DeferredTask(models.Model):
         ]
 
     def __str__(self) -> str:
-        return f"{self.job} {self.ref} ({self.reason})"
+        # Not its reason: the one recorded when it was held may no longer be why it waits (its
+        # line's is: scheduling.selectors.hold_shown), and a page's title must not say otherwise.
+        return f"held {self.job} {self.ref}"
 
 
 # Backlog.blocked_until of an account whose line is not held up.
