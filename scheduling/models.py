@@ -17,7 +17,7 @@ class Outcome(models.TextChoices):
     # The message itself was unusable (malformed envelope, unknown version or job).
     REJECTED = "rejected", "Rejected (contract)"
     # Admission refused it (budget or concurrency cap): it waits in the holding area.
-    DEFERRED = "deferred", "Deferred"
+    DEFERRED = "deferred", "Held (holding area)"
     # Stopped by the daily CPU cap; the job waits for the next budget day.
     BUDGET_EXHAUSTED = "budget_exhausted", "Budget exhausted"
     # The worker died mid-run; found by the reclaim job once its lease expired.
