@@ -306,6 +306,20 @@ def test_a_held_jobs_page_releases_it_and_only_its_accounts_operators_see_it(cli
     assert client.post(reverse("admin:scheduling_deferredtask_act", args=[theirs.pk, "release"])).status_code == 404
     assert client.get(reverse("admin:scheduling_deferredtask_act", args=[mine.pk, "release"])).status_code == 405
 
+    # A viewer of acme sees the job but no button, and cannot release it by posting.
+    from budgets.models import Role
+    from tests.factories import MembershipFactory, UserFactory
+
+    viewer = MembershipFactory(account=account, user=UserFactory(username="acme-viewer", is_staff=True),
+                               role=Role.VIEWER).user
+    viewer.user_permissions.add(Permission.objects.get(codename="view_deferredtask"))
+    client.force_login(viewer)
+    page = client.get(reverse("admin:scheduling_deferredtask_change", args=[mine.pk])).content.decode()
+    assert "when a slot frees" in page and "object-action-release" not in page
+    assert client.post(reverse("admin:scheduling_deferredtask_act", args=[mine.pk, "release"])).status_code == 404
+    assert DeferredTask.objects.filter(ref="mine").exists()
+    client.force_login(operator)
+
     response = client.post(reverse("admin:scheduling_deferredtask_act", args=[mine.pk, "release"]), follow=True)
     assert "released to the queue" in response.content.decode()
     assert response.redirect_chain[-1][0] == reverse("admin:scheduling_deferredtask_changelist")  # it is gone
