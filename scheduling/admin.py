@@ -77,9 +77,15 @@ class TaskRunAdmin(ReadOnlyAdmin):
 
 
 @admin.register(DeferredTask)
-class DeferredTaskAdmin(ObjectActionsAdmin, ReadOnlyAdmin):
+class DeferredTaskAdmin(admin_display.LabelledAdmin, ObjectActionsAdmin, ReadOnlyAdmin):
     """The holding area: why is this waiting, and from when may it run? A job's reason and time
     are read through `hold_shown` alone (its line's, when its line holds it up)."""
+
+    help_texts = {
+        "reason_shown": "Why it waits now: its account's line's reason while the line is held up (its daily CPU "
+                        "budget spent, its rate limit reached), else the reason it was held",
+        "eligible_from": "Released to the queue at this time, or when what is named happens",
+    }
 
     list_display = ["job", "ref_short", "account", "queue", "reason_shown", "eligible_from", "held_since"]
     list_display_links = ["job", "ref_short"]

@@ -302,6 +302,7 @@ def test_a_held_jobs_page_releases_it_and_only_its_accounts_operators_see_it(cli
 
     page = client.get(reverse("admin:scheduling_deferredtask_change", args=[mine.pk])).content.decode()
     assert 'id="object-action-release"' in page and "Eligible from" in page and "when a slot frees" in page
+    assert "Released to the queue at this time" in page  # the help text of a computed field
     assert client.get(reverse("admin:scheduling_deferredtask_change", args=[theirs.pk])).status_code == 404
     assert client.post(reverse("admin:scheduling_deferredtask_act", args=[theirs.pk, "release"])).status_code == 404
     assert client.get(reverse("admin:scheduling_deferredtask_act", args=[mine.pk, "release"])).status_code == 405
