@@ -111,7 +111,11 @@ def test_the_panels_and_their_json_are_scoped_like_the_page(client, account, ope
     usage = client.get(reverse("ops-dashboard-panel", args=["usage"]), {"format": "json"}).json()
     assert [(row["account"], row["queue"]) for row in usage["accounts"]] == [("acme", "default"), ("acme", "exports")]
     assert client.get(reverse("ops-dashboard-panel", args=["throughput"]), {"format": "json"}).json()["total"] == 0
-    assert client.get(reverse("ops-dashboard-panel", args=["held"]), {"format": "json"}).json()["held"] == []
+    held = client.get(reverse("ops-dashboard-panel", args=["held"]), {"format": "json"}).json()
+    assert held["held"] == [] and held["accounts"] == []  # globex's held job, by reason or by account
+    for range_ in ("recent", "1h", "24h", "14d"):  # globex's failed runs are not named
+        throughput = client.get(reverse("ops-dashboard-panel", args=["throughput"]), {"range": range_, "format": "json"})
+        assert throughput.json()["latest_failures"] == []
     assert client.get(reverse("ops-dashboard-panel", args=["queues"])).status_code == 404  # the broker is everyone's
     assert client.get(reverse("ops-dashboard-panel", args=["nothing"])).status_code == 404
     client.logout()
