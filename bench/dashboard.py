@@ -43,6 +43,7 @@ def parse_args(argv=None):
 PAGES = {
     "dashboard page": "/admin/dashboard/",
     "panel queues": "/admin/dashboard/panels/queues/",
+    "panel throughput recent": "/admin/dashboard/panels/throughput/?range=recent",
     "panel throughput 1h": "/admin/dashboard/panels/throughput/?range=1h",
     "panel throughput 24h": "/admin/dashboard/panels/throughput/?range=24h",
     "panel throughput 14d": "/admin/dashboard/panels/throughput/?range=14d",

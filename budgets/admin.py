@@ -14,10 +14,15 @@ from budgets.models import Account, ApiToken, Budget, BudgetAdjustment, Membersh
 from budgets.selectors import budget_status
 from budgets.tenancy import (ROLE_RANK, AccountInline, AccountScopedAdmin, ReadOnlyAdmin, accounts_with_role,
                              action_role, users_visible_to)
+from scheduling.admin_display import LabelledAdmin
 from scheduling.charts import burn_down
 from scheduling.operator import message_results
 from scheduling.holding import unblock
 from scheduling.pausing import pause, resume
+
+# The ledger's words, as a person reads them on its records' pages and lists.
+TIMES = {"wall_ms": "wall time (ms)", "db_wait_ms": "database wait (ms)", "storage_wait_ms": "storage wait (ms)"}
+CPU_A_DAY = {"cpu_seconds_per_day": "CPU seconds a day"}
 
 
 class MembershipInline(AccountInline):
@@ -114,12 +119,14 @@ class AdjustForm(forms.Form):
 
 
 @admin.register(Budget)
-class BudgetAdmin(AccountScopedAdmin):
+class BudgetAdmin(LabelledAdmin, AccountScopedAdmin):
     """An account's limits on one queue: its plan tier's (budgets/conf.py PLAN_BUDGETS) until an
     operator changes them here. The daily CPU budget changes through the adjust action (kept as its
     history); the cap, the weight and the rate limit in the form."""
 
     list_display = ["account", "queue", "cpu_seconds_per_day", "max_concurrent", "weight", "rate_limit"]
+    labels = {**CPU_A_DAY, "max_concurrent": "concurrency cap", "rate_starts": "rate limit: starts",
+              "rate_period_s": "rate limit: window (s)"}
     list_filter = ["queue", "account"]
     actions = ["adjust"]
 
@@ -149,8 +156,10 @@ class BudgetAdmin(AccountScopedAdmin):
 
 
 @admin.register(BudgetAdjustment)
-class BudgetAdjustmentAdmin(ReadOnlyAdmin):
+class BudgetAdjustmentAdmin(LabelledAdmin, ReadOnlyAdmin):
     account_path = "budget__account"
+    labels = {**CPU_A_DAY, "previous_cpu_seconds": "previous CPU seconds a day", "until_day": "until (budget day)",
+              "ended_at": "ended", "adjusted_by": "adjusted by", "created_at": "adjusted"}
     list_display = ["budget", "previous_cpu_seconds", "cpu_seconds_per_day", "until_day", "ended_at", "adjusted_by",
                     "created_at"]
     list_filter = ["until_day"]
@@ -203,7 +212,13 @@ class ApiTokenAdmin(AccountScopedAdmin):
 
 
 @admin.register(UsageDay)
-class UsageDayAdmin(ReadOnlyAdmin):
+class UsageDayAdmin(LabelledAdmin, ReadOnlyAdmin):
+    labels = {"day": "budget day", "cpu_used_ms": "CPU used (ms)", "cpu_reserved_ms": "CPU reserved (ms)", **TIMES,
+              "deferrals": "times held", "cap_hits": "stopped at the cap"}
+    help_texts = {"cpu_used_ms": "CPU its runs were charged: what the daily CPU budget counts",
+                  "cpu_reserved_ms": "Reserved by jobs running now, charged when they settle",
+                  "deferrals": "How often its jobs were held in the holding area this day",
+                  "cap_hits": "Runs stopped because the daily CPU budget ran out"}
     list_display = ["day", "account", "queue", "cpu_used_ms", "cpu_reserved_ms", "wall_ms", "db_wait_ms",
                     "storage_wait_ms", "runs", "deferrals", "cap_hits"]
     list_filter = ["queue", "account"]
@@ -211,7 +226,16 @@ class UsageDayAdmin(ReadOnlyAdmin):
 
 
 @admin.register(Reservation)
-class ReservationAdmin(ReadOnlyAdmin):
+class ReservationAdmin(LabelledAdmin, ReadOnlyAdmin):
+    labels = {"ref": "reference", "task_run": "task run", "cpu_reserved_ms": "CPU reserved (ms)",
+              "cpu_reported_ms": "CPU reported (ms)", "cpu_charged_ms": "CPU charged (ms)", "carried_runs": "runs carried",
+              "carried_cpu_ms": "CPU carried (ms)", "carried_wall_ms": "wall time carried (ms)",
+              "carried_db_wait_ms": "database wait carried (ms)", "carried_storage_wait_ms": "storage wait carried (ms)",
+              "carried_since": "carried since", "created_at": "created", "lease_expires_at": "lease expires"}
+    help_texts = {"cpu_reserved_ms": "The job's CPU estimate, held against its account's daily budget while it runs",
+                  "carried_runs": "Runs this slot was passed on from whose use its day's ledger has not been charged "
+                                  "yet (charged when the slot ends)",
+                  "lease_expires_at": "Reclaimed after this if its worker stops renewing it"}
     list_display = ["job", "ref", "account", "queue", "status", "cpu_reserved_ms", "cpu_reported_ms", "worker",
                     "created_at", "lease_expires_at"]
     list_filter = ["status", "queue", "account"]

@@ -6,8 +6,12 @@ from django.utils.html import format_html
 from budgets.models import Role
 from budgets.tenancy import AccountScopedAdmin, ReadOnlyAdmin, action_role, can_export
 from exports.models import ActivityEvent, ExportAttempt, ExportRecord, ExportSchedule, ExportStatus
-from exports.operations import export_cancel_by, export_retry, export_schedule_run_now
+from exports.operations import RETRYABLE, export_cancel_by, export_retry, export_schedule_run_now
+from scheduling import admin_display
+from scheduling.object_actions import ObjectActionsAdmin, button
 from scheduling.operator import message_results
+
+FAILURE = "Failure"
 
 
 class ExportAttemptInline(admin.TabularInline):
@@ -23,9 +27,8 @@ class ExportAttemptInline(admin.TabularInline):
 
 
 @admin.register(ExportRecord)
-class ExportRecordAdmin(ReadOnlyAdmin):
-    list_display = ["id", "account", "source", "start_date", "end_date", "status", "progress",
-                    "attempt_count", "row_count", "created_at"]
+class ExportRecordAdmin(ObjectActionsAdmin, ReadOnlyAdmin):
+    list_display = ["short_id", "account", "status_shown", "report_dates", "attempts", "row_count", "requested"]
     list_filter = ["status", "account", "source"]
     search_fields = ["id", "idempotency_key", "account__slug"]
     date_hierarchy = "created_at"
@@ -37,18 +40,50 @@ class ExportRecordAdmin(ReadOnlyAdmin):
                            "idempotency_key", "status", "progress", "timings"]}),
         ("Result", {"fields": ["download", "output_key", "row_count", "byte_size", "checksum_sha256", "completed_at",
                                "expires_at"]}),
-        ("Failure", {"fields": ["error_class", "error_message"]}),
+        (FAILURE, {"fields": ["error_class", "error_message"]}),
         ("Attempts and lease", {"fields": ["attempt_count", "attempt_limit", "lease_owner", "lease_epoch",
                                            "lease_expires_at", "rows_written", "rows_estimated", "created_at",
                                            "started_at"], "classes": ["collapse"]}),
     ]
 
+    def object_action_applies(self, obj, name: str) -> bool:
+        return obj.status in {"retry": RETRYABLE, "cancel": (ExportStatus.QUEUED, ExportStatus.RUNNING)}.get(name, ())
+
+    def get_fieldsets(self, request, obj=None):
+        if obj is not None and not (obj.error_class or obj.error_message):
+            return [entry for entry in self.fieldsets if entry[0] != FAILURE]  # no empty section on success
+        return self.fieldsets
+
+    @admin.display(description="export id", ordering="id")
+    def short_id(self, obj):
+        return admin_display.short_id(obj.pk)
+
+    @admin.display(description="report dates", ordering="start_date")
+    def report_dates(self, obj):
+        return f"{obj.start_date:%Y-%m-%d} to {obj.end_date:%Y-%m-%d}"
+
+    @admin.display(description="status", ordering="status")
+    def status_shown(self, obj):
+        """The status, and a running export's progress beside it (one column, not two)."""
+        percent = obj.progress_percent if obj.status == ExportStatus.RUNNING else None
+        return obj.get_status_display() if percent is None else f"{obj.get_status_display()}, {percent}%"
+
+    @admin.display(description="requested", ordering="created_at")
+    def requested(self, obj):
+        return admin_display.short_time(obj.created_at)
+
+    @admin.display(description="attempts", ordering="attempt_count")
+    def attempts(self, obj):
+        return f"{obj.attempt_count} of {obj.attempt_limit}"
+
     @admin.action(description="Retry selected failed or cancelled exports", permissions=["act"])
+    @button("Retry this export")
     @action_role(Role.OPERATOR)
     def retry(self, request, queryset):
         message_results(self, request, export_retry(user=request.user, export_ids=list(queryset.values_list("pk", flat=True))))
 
     @admin.action(description="Cancel selected exports", permissions=["act"])
+    @button("Cancel this export")
     @action_role(Role.OPERATOR)
     def cancel(self, request, queryset):
         message_results(self, request, export_cancel_by(user=request.user, export_ids=list(queryset.values_list("pk", flat=True))))

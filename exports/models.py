@@ -23,42 +23,52 @@ class ExportFormat(models.TextChoices):
 class ExportRecord(models.Model):
     """The durable logical result of one export request; attempts come and go, this stays."""
 
-    id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
+    id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False, verbose_name="export id")
     account = models.ForeignKey("budgets.Account", on_delete=models.CASCADE, related_name="exports")
     requested_by = models.ForeignKey(
         settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
     )
     # Input scope: inclusive UTC dates.
-    start_date = models.DateField()
-    end_date = models.DateField()
+    start_date = models.DateField(verbose_name="from", help_text="First day of the report, inclusive (UTC)")
+    end_date = models.DateField(verbose_name="to", help_text="Last day of the report, inclusive (UTC)")
     format = models.CharField(max_length=10, choices=ExportFormat.choices, default=ExportFormat.CSV)
     source = models.CharField(max_length=40)
-    idempotency_key = models.CharField(max_length=200, null=True, blank=True)
+    idempotency_key = models.CharField(max_length=200, null=True, blank=True,
+        help_text="A repeated request with this key returns this export instead of a new one")
 
     status = models.CharField(
         max_length=20, choices=ExportStatus.choices, default=ExportStatus.QUEUED, db_index=True
     )
-    attempt_count = models.PositiveSmallIntegerField(default=0)
-    attempt_limit = models.PositiveSmallIntegerField(default=5)
+    attempt_count = models.PositiveSmallIntegerField(default=0, verbose_name="attempts", help_text="Tries so far")
+    attempt_limit = models.PositiveSmallIntegerField(default=5, verbose_name="attempt limit",
+        help_text="After this many failed tries the export fails for good")
     # Lease: the attempt holding epoch `lease_epoch` owns the record until `lease_expires_at`.
     # Every write of an attempt is guarded by its epoch (fencing), so a stale one cannot win.
-    lease_owner = models.CharField(max_length=100, blank=True)
-    lease_epoch = models.PositiveIntegerField(default=0)
-    lease_expires_at = models.DateTimeField(null=True, blank=True)
+    lease_owner = models.CharField(max_length=100, blank=True, verbose_name="lease owner",
+        help_text="host:pid of the worker whose attempt holds the lease")
+    lease_epoch = models.PositiveIntegerField(default=0, verbose_name="lease epoch",
+        help_text="Raised with every attempt: only the attempt holding the latest epoch may complete the export")
+    lease_expires_at = models.DateTimeField(null=True, blank=True, verbose_name="lease expires",
+        help_text="Another attempt may take over after this")
 
-    output_key = models.CharField(max_length=300, blank=True)
-    checksum_sha256 = models.CharField(max_length=64, blank=True)
-    row_count = models.PositiveBigIntegerField(null=True, blank=True)
-    byte_size = models.PositiveBigIntegerField(null=True, blank=True)
-    rows_written = models.PositiveBigIntegerField(default=0, help_text="Progress of the running attempt")
-    rows_estimated = models.PositiveBigIntegerField(null=True, blank=True)
+    output_key = models.CharField(max_length=300, blank=True, verbose_name="stored as",
+        help_text="The file's key in export storage")
+    checksum_sha256 = models.CharField(max_length=64, blank=True, verbose_name="SHA-256 checksum",
+        help_text="Of the file as published")
+    row_count = models.PositiveBigIntegerField(null=True, blank=True, verbose_name="rows")
+    byte_size = models.PositiveBigIntegerField(null=True, blank=True, verbose_name="size (bytes)")
+    rows_written = models.PositiveBigIntegerField(default=0, verbose_name="rows written",
+        help_text="Progress of the running attempt")
+    rows_estimated = models.PositiveBigIntegerField(null=True, blank=True, verbose_name="rows estimated",
+        help_text="Counted when the export was requested")
     error_class = models.CharField(max_length=200, blank=True)
-    error_message = models.TextField(blank=True, help_text="Redacted before it is stored")
+    error_message = models.TextField(blank=True, verbose_name="error", help_text="Redacted before it is stored")
 
-    created_at = models.DateTimeField(auto_now_add=True, db_index=True)
-    started_at = models.DateTimeField(null=True, blank=True)
-    completed_at = models.DateTimeField(null=True, blank=True)
-    expires_at = models.DateTimeField(null=True, blank=True, help_text="When the file is purged")
+    created_at = models.DateTimeField(auto_now_add=True, db_index=True, verbose_name="requested")
+    started_at = models.DateTimeField(null=True, blank=True, verbose_name="started")
+    completed_at = models.DateTimeField(null=True, blank=True, verbose_name="completed")
+    expires_at = models.DateTimeField(null=True, blank=True, verbose_name="expires",
+        help_text="When the file is purged")
     cancel_requested_at = models.DateTimeField(null=True, blank=True, help_text="Honoured between batches")
     notified_at = models.DateTimeField(null=True, blank=True, help_text="When the requester was told (once)")
 
@@ -106,18 +116,18 @@ class ExportAttempt(models.Model):
     """One try at an export, linked to the TaskRun that made it."""
 
     export = models.ForeignKey(ExportRecord, on_delete=models.CASCADE, related_name="attempts")
-    number = models.PositiveSmallIntegerField()
-    epoch = models.PositiveIntegerField()
+    number = models.PositiveSmallIntegerField(verbose_name="attempt")
+    epoch = models.PositiveIntegerField(verbose_name="lease epoch", help_text="The lease epoch this attempt held")
     task_run = models.ForeignKey(
         "scheduling.TaskRun", null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
     )
     worker = models.CharField(max_length=100, blank=True)
     outcome = models.CharField(max_length=20, choices=AttemptOutcome.choices, default=AttemptOutcome.RUNNING)
     error_class = models.CharField(max_length=200, blank=True)
-    error_message = models.TextField(blank=True, help_text="Redacted before it is stored")
+    error_message = models.TextField(blank=True, verbose_name="error", help_text="Redacted before it is stored")
     rows_written = models.PositiveBigIntegerField(default=0)
-    started_at = models.DateTimeField(auto_now_add=True)
-    finished_at = models.DateTimeField(null=True, blank=True)
+    started_at = models.DateTimeField(auto_now_add=True, verbose_name="started")
+    finished_at = models.DateTimeField(null=True, blank=True, verbose_name="finished")
 
     class Meta:
         ordering = ["export", "number"]

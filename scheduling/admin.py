@@ -4,16 +4,18 @@ from django.core.paginator import Paginator
 from django.http import HttpResponseRedirect
 from django.urls import reverse
 from django.utils.functional import cached_property
+from django.utils.html import format_html
 
 from budgets.models import Role
 from budgets.tenancy import ReadOnlyAdmin, accounts_visible_to, action_role
 from scheduling import clock
 from scheduling.actions import release_held
-from scheduling.models import DeferReason, DeferredTask, Pause, TaskRun, TaskRunDaily, WorkerHeartbeat
+from scheduling import admin_display
+from scheduling.models import DeferredTask, Pause, TaskRun, TaskRunDaily, WorkerHeartbeat
 from scheduling.operator import message_results
-from scheduling.gates import Wait
+from scheduling.object_actions import ObjectActionsAdmin
 from scheduling.pausing import pause, resume
-from scheduling.waits import eta_text, why_held
+from scheduling.waits import hold_shown, why_held
 
 
 class CappedPaginator(Paginator):
@@ -40,63 +42,108 @@ class _WaitsChangeList(ChangeList):
 
 @admin.register(TaskRun)
 class TaskRunAdmin(ReadOnlyAdmin):
-    list_display = ["job", "account", "outcome", "started_at", "wall_ms", "cpu_ms", "db_wait_ms",
-                    "storage_wait_ms", "split", "items", "worker"]
+    # What fits beside the admin's two sidebars at 1400 px; the items, the worker and each wait are on
+    # the run's page.
+    list_display = ["job", "ref_short", "account", "outcome", "started", "wall_and_cpu", "split"]
+    list_display_links = ["job", "ref_short"]
     list_filter = ["outcome", "job", "queue", "account"]
     search_fields = ["ref", "job", "worker"]
     date_hierarchy = "started_at"
     list_select_related = ["account"]
     show_full_result_count = False
     paginator = CappedPaginator
+    fieldsets = [
+        (None, {"fields": ["job", "ref", "account", "queue", "outcome_explained", "started_at", "finished_at", "worker"]}),
+        ("Where the time went", {"fields": ["wall_ms", "cpu_ms", "db_wait_ms", "storage_wait_ms", "split", "items",
+                                            "peak_rss_kb"]}),
+        ("Error", {"fields": ["error_class", "error_message"]}),
+    ]
 
-    @admin.display(description="CPU / DB / storage")
+    def get_fieldsets(self, request, obj=None):
+        if obj is not None and not (obj.error_class or obj.error_message):
+            return [entry for entry in self.fieldsets if entry[0] != "Error"]  # no empty section on success
+        return self.fieldsets
+
+    @admin.display(description="reference")
+    def ref_short(self, obj):
+        return admin_display.short_id(obj.ref)
+
+    @admin.display(description="started", ordering="started_at")
+    def started(self, obj):
+        return admin_display.short_time(obj.started_at)
+
+    @admin.display(description="wall / CPU (ms)", ordering="wall_ms")
+    def wall_and_cpu(self, obj):
+        return format_html('<span class="nowrap">{} / {}</span>', obj.wall_ms, obj.cpu_ms)
+
+    @admin.display(description="outcome")
+    def outcome_explained(self, obj):
+        return admin_display.outcome_explained(obj)
+
+    @admin.display(description="CPU / DB / storage (%)")
     def split(self, obj):
         total = obj.cpu_ms + obj.db_wait_ms + obj.storage_wait_ms
         if not total:
             return "—"
-        return " / ".join(f"{round(100 * part / total)}%" for part in (obj.cpu_ms, obj.db_wait_ms, obj.storage_wait_ms))
+        return "/".join(f"{round(100 * part / total)}" for part in (obj.cpu_ms, obj.db_wait_ms, obj.storage_wait_ms))
 
 
 @admin.register(DeferredTask)
-class DeferredTaskAdmin(ReadOnlyAdmin):
-    """The holding area: why is this waiting, and until when?"""
+class DeferredTaskAdmin(admin_display.LabelledAdmin, ObjectActionsAdmin, ReadOnlyAdmin):
+    """The holding area: why is this waiting, and from when may it run? A job's reason and time
+    are read through `scheduling.waits.hold_shown` alone (for a job in line: what its line waits for now)."""
 
-    list_display = ["job", "ref", "account", "queue", "waiting_for", "eta", "priority", "deferrals",
-                    "envelope_version", "created_at"]
+    help_texts = {
+        "reason_shown": "Why it waits now: for a job in its account's line, what holds the line now (its "
+                        "daily CPU budget spent, its rate limit, its cap, a pause, busy workers); else its own reason",
+        "eligible_from": "Released to the queue at this time, or when what is named happens",
+    }
+
+    list_display = ["job", "ref_short", "account", "queue", "reason_shown", "eligible_from", "held_since"]
+    list_display_links = ["job", "ref_short"]
     list_filter = ["reason", "queue", "job", "account", "envelope_version"]
     search_fields = ["ref", "job"]
     list_select_related = ["account"]
     show_full_result_count = False
     paginator = CappedPaginator
     actions = ["release"]
+    fieldsets = [
+        (None, {"fields": ["job", "ref", "account", "queue", "reason_shown", "eligible_from", "priority"]}),
+        # Not its `eligible_at`: a job in its account's line goes by its line's time ("eligible from",
+        # above), and its own copy, long past, read as a second and contradictory time.
+        ("Its record in the holding area", {"fields": ["reason", "in_line_since", "deferrals", "created_at",
+                                                       "envelope_version", "claimed_by", "claim_expires_at"],
+                                            "classes": ["collapse"]}),
+    ]
 
     def get_changelist(self, request, **kwargs):
         return _WaitsChangeList
 
-    def get_fields(self, request, obj=None):
-        """What it waits for now first (its own page), then the record."""
-        return list(dict.fromkeys(["waiting_for", "eta", *super().get_fields(request, obj)]))
+    def changelist_view(self, request, extra_context=None):
+        # The place is the holding area; what it counts are held jobs ("Select all 64 held jobs").
+        return super().changelist_view(request, {"title": "Holding area: held jobs, why they wait, from when they may run",
+                                                 "module_name": "held jobs", **(extra_context or {})})
 
-    def get_readonly_fields(self, request, obj=None):
-        return ["waiting_for", "eta", *super().get_readonly_fields(request, obj)]
+    @admin.display(description="reference")
+    def ref_short(self, obj):
+        return admin_display.short_id(obj.ref)
 
-    def _wait(self, obj) -> Wait:
-        """Its wait as the page read it for every row at once, or (its own page) for it alone."""
-        if not hasattr(obj, "wait"):
-            obj.wait = why_held([obj])[obj.pk]
-        return obj.wait
+    @admin.display(description="held since", ordering="created_at")
+    def held_since(self, obj):
+        return admin_display.short_time(obj.created_at)
 
-    @admin.display(description="waiting for")
-    def waiting_for(self, obj):
-        """Its line's reason now (scheduling.waits), not the one it was held for."""
-        wait = self._wait(obj)
-        return DeferReason(wait.reason).label if wait.reason in DeferReason.values else wait.reason
+    @admin.display(description="why it waits")
+    def reason_shown(self, obj):
+        return self._shown(obj, clock.now()).reason  # held work's times are on the kernel's (shiftable) clock
 
-    @admin.display(description="ETA")
-    def eta(self, obj):
-        if obj.reason == DeferReason.NEEDS_NEWER_WORKER:
-            return f"when a worker that speaks envelope v{obj.envelope_version} runs"
-        return eta_text(self._wait(obj), clock.now()) or "—"  # held work's times: the kernel's clock
+    @admin.display(description="eligible from")
+    def eligible_from(self, obj):
+        now = clock.now()
+        return admin_display.eligible_from(self._shown(obj, now), now=now)
+
+    def _shown(self, obj, now):
+        """What it waits for, as the list read it for every row at once, or (its own page) for it alone."""
+        return hold_shown(obj, now=now, wait=getattr(obj, "wait", None))
 
     @admin.action(description="Release now (back to the queue)", permissions=["release"])
     @action_role(Role.OPERATOR)
@@ -113,7 +160,9 @@ class DeferredTaskAdmin(ReadOnlyAdmin):
 
 
 @admin.register(TaskRunDaily)
-class TaskRunDailyAdmin(ReadOnlyAdmin):
+class TaskRunDailyAdmin(admin_display.LabelledAdmin, ReadOnlyAdmin):
+    labels = {"cpu_ms": "CPU time (ms)", "wall_ms": "wall time (ms)", "db_wait_ms": "database wait (ms)",
+              "storage_wait_ms": "storage wait (ms)"}
     list_display = ["day", "job", "account", "queue", "outcome", "runs", "cpu_ms", "wall_ms", "db_wait_ms",
                     "storage_wait_ms", "items"]
     list_filter = ["outcome", "job", "queue"]
@@ -121,7 +170,8 @@ class TaskRunDailyAdmin(ReadOnlyAdmin):
 
 
 @admin.register(WorkerHeartbeat)
-class WorkerHeartbeatAdmin(ReadOnlyAdmin):
+class WorkerHeartbeatAdmin(admin_display.LabelledAdmin, ReadOnlyAdmin):
+    labels = {"seen_at": "last seen", "stalled_since": "stalled since"}
     list_display = ["worker", "queue", "seen_at", "stalled_since"]
     list_filter = ["queue"]
     account_path = None

@@ -17,7 +17,7 @@ class Outcome(models.TextChoices):
     # The message itself was unusable (malformed envelope, unknown version or job).
     REJECTED = "rejected", "Rejected (contract)"
     # Admission refused it (budget or concurrency cap): it waits in the holding area.
-    DEFERRED = "deferred", "Deferred"
+    DEFERRED = "deferred", "Held (holding area)"
     # Stopped by the daily CPU cap; the job waits for the next budget day.
     BUDGET_EXHAUSTED = "budget_exhausted", "Budget exhausted"
     # The worker died mid-run; found by the reclaim job once its lease expired.
@@ -37,21 +37,29 @@ class TaskRun(models.Model):
         "budgets.Account", null=True, blank=True, on_delete=models.SET_NULL, related_name="task_runs",
         db_index=False,
     )
-    job = models.CharField(max_length=100)
+    job = models.CharField(max_length=100, help_text="The registered kind of work that ran")
     queue = models.CharField(max_length=40, default="default")
-    ref = models.CharField(max_length=64, blank=True)
-    worker = models.CharField(max_length=100, blank=True, help_text="host:pid of the worker process")
-    started_at = models.DateTimeField(db_index=True)
-    finished_at = models.DateTimeField(null=True, blank=True)
-    outcome = models.CharField(max_length=20, choices=Outcome.choices, default=Outcome.RUNNING)
-    cpu_ms = models.PositiveIntegerField(default=0)
-    wall_ms = models.PositiveIntegerField(default=0)
-    db_wait_ms = models.PositiveIntegerField(default=0)
-    storage_wait_ms = models.PositiveIntegerField(default=0)
-    items = models.PositiveBigIntegerField(default=0)
-    peak_rss_kb = models.PositiveIntegerField(default=0, help_text="Worker process peak RSS after the run")
+    ref = models.CharField(max_length=64, blank=True, verbose_name="reference",
+        help_text="What the job works on (an export's id, a task call's id)")
+    worker = models.CharField(max_length=100, blank=True, help_text="host:pid of the worker process that ran it")
+    started_at = models.DateTimeField(db_index=True, verbose_name="started")
+    finished_at = models.DateTimeField(null=True, blank=True, verbose_name="finished")
+    outcome = models.CharField(max_length=20, choices=Outcome.choices, default=Outcome.RUNNING,
+        help_text="How the run ended. Budget exhausted: its account's daily CPU budget ran out during the run, "
+                  "which stopped cleanly; its job waits in the holding area for the next budget day")
+    cpu_ms = models.PositiveIntegerField(default=0, verbose_name="CPU time (ms)",
+        help_text="Process CPU time the run used: what its account's daily CPU budget is charged")
+    wall_ms = models.PositiveIntegerField(default=0, verbose_name="wall time (ms)",
+        help_text="From start to finish, by the clock")
+    db_wait_ms = models.PositiveIntegerField(default=0, verbose_name="database wait (ms)",
+        help_text="Time spent waiting for the database")
+    storage_wait_ms = models.PositiveIntegerField(default=0, verbose_name="storage wait (ms)",
+        help_text="Time spent waiting for object storage")
+    items = models.PositiveBigIntegerField(default=0, help_text="What the job counted as done (an export's rows)")
+    peak_rss_kb = models.PositiveIntegerField(default=0, verbose_name="peak memory (KB)",
+        help_text="The worker process's peak resident memory after the run")
     error_class = models.CharField(max_length=200, blank=True)
-    error_message = models.TextField(blank=True, help_text="Redacted before it is stored")
+    error_message = models.TextField(blank=True, verbose_name="error", help_text="Redacted before it is stored")
 
     class Meta:
         ordering = ["-started_at"]
@@ -125,17 +133,24 @@ class DeferredTask(models.Model):
                                 related_name="deferred_tasks")
     queue = models.CharField(max_length=40)
     job = models.CharField(max_length=100)
-    ref = models.CharField(max_length=64)
-    reason = models.CharField(max_length=30, choices=DeferReason.choices)
-    eligible_at = models.DateTimeField(help_text="Not released before this time")
-    created_at = models.DateTimeField(auto_now_add=True)
+    ref = models.CharField(max_length=64, verbose_name="reference",
+        help_text="What the job works on (an export's id, a task call's id)")
+    reason = models.CharField(max_length=30, choices=DeferReason.choices, verbose_name="reason recorded",
+        help_text="Why it was held when it was held (the page shows why it waits now)")
+    eligible_at = models.DateTimeField(verbose_name="own time",
+        help_text="Not released before this time (back-off, run_after, a pause)")
+    created_at = models.DateTimeField(auto_now_add=True, verbose_name="held since")
     in_line_since = models.DateTimeField(
-        null=True, blank=True,
-        help_text="Its place in its account's line; empty while it waits for its own time (back-off, run_after, resume)")
-    deferrals = models.PositiveIntegerField(default=1, help_text="How often this job was held")
-    priority = models.SmallIntegerField(default=0, help_text="-100 to 100: the account's higher-priority work goes first")
-    claimed_by = models.CharField(max_length=100, blank=True, help_text="host:pid of the worker about to run it")
-    claim_expires_at = models.DateTimeField(null=True, blank=True, help_text="Claimable again after this")
+        null=True, blank=True, verbose_name="in its account's line since",
+        help_text="Its place in its account's line; empty while it waits for a time of its own (back-off, run_after, a pause)")
+    deferrals = models.PositiveIntegerField(default=1, verbose_name="times held",
+        help_text="How often this job was held")
+    priority = models.SmallIntegerField(default=0,
+        help_text="-100 to 100: the account's higher-priority work goes first")
+    claimed_by = models.CharField(max_length=100, blank=True, verbose_name="claimed by",
+        help_text="host:pid of the worker about to run it")
+    claim_expires_at = models.DateTimeField(null=True, blank=True, verbose_name="claim expires",
+        help_text="Claimable again after this")
     envelope_version = models.PositiveSmallIntegerField(
         default=1, help_text="Released only by a worker that speaks this envelope version")
     message = models.JSONField(
@@ -143,6 +158,8 @@ class DeferredTask(models.Model):
         help_text="A parked message exactly as it arrived (identifiers only), sent back unchanged")
 
     class Meta:
+        verbose_name = "held job"
+        verbose_name_plural = "holding area"
         ordering = ["created_at", "id"]
         constraints = [
             # Duplicate deliveries of one envelope are held once.
@@ -168,7 +185,9 @@ class DeferredTask(models.Model):
         ]
 
     def __str__(self) -> str:
-        return f"{self.job} {self.ref}"  # its reason now is its line's (scheduling.waits), not the one stored
+        # Not its reason: the one recorded when it was held may no longer be why it waits (its
+        # line's is: scheduling.waits), and a page's title must not say otherwise.
+        return f"held {self.job} {self.ref}"
 
 
 # Backlog.blocked_until of an account whose line is not held up.
@@ -188,7 +207,7 @@ class Backlog(models.Model):
     the number of accounts, never the number of held jobs.
 
     The counts are kept by database triggers on DeferredTask, in the statement that changes it
-    (migrations 0012_backlog, 0020_backlog_blocked_reason: per statement for inserts and deletes, per changed row for a change
+    (migrations 0012_backlog, 0021_backlog_blocked_reason: per statement for inserts and deletes, per changed row for a change
     of account, queue, place in line or reason); `blocked_until` by scheduling.holding (`block`,
     `unblock`). A new DeferReason needs a column here and the triggers rewritten with it
     (scheduling.triggers; a test checks that every reason has its column).

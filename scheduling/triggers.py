@@ -16,7 +16,7 @@ class Triggers:
     reasons: tuple[str, ...]
     # Count each reason only for the jobs out of their account's line (waiting for a time of their
     # own): a job in line waits for whatever its line waits for now (scheduling.waits), and the
-    # reason it was held for goes stale. Migrations before 0020 counted every held job.
+    # reason it was held for goes stale. Migrations before 0021 counted every held job.
     own_time: bool = False
 
     @property

@@ -12,6 +12,7 @@ the line holds.
 """
 import datetime as dt
 from collections import Counter
+from dataclasses import dataclass
 
 from django.db.models import Count, QuerySet, Sum
 from django.utils.timesince import timeuntil
@@ -74,25 +75,52 @@ def held_counts(*, backlogs: QuerySet[Backlog], account_less: bool) -> Counter:
 def wait_text(wait: Wait, now: dt.datetime) -> str:
     """What a person reads of a wait: its reason and when it may go ("until 2026-12-05 00:00 UTC, in
     6 hours"), or for what ("when one of its runs ends", "when a worker is free")."""
-    label = DeferReason(wait.reason).label if wait.reason in DeferReason.values else wait.reason
+    label = _label(wait.reason)
     return f"{label}, {eta_text(wait, now)}" if eta_text(wait, now) else label
 
 
 def eta_text(wait: Wait, now: dt.datetime) -> str:
     """When the held work may go, in words."""
-    if wait.eta is None:
-        return _WAITS_FOR.get(wait.reason, "")
-    if wait.eta >= UNTIL_RESUMED:
+    if wait.eta is not None and wait.eta >= UNTIL_RESUMED:
         return "until resumed"
-    if wait.eta > now:
+    if wait.eta is not None and wait.eta > now:
         return f"until {wait.eta:%Y-%m-%d %H:%M} UTC (in {timeuntil(wait.eta, now)})"
-    return _WAITS_FOR.get(wait.reason, "now")
+    waits_for = _WAITS_FOR.get(wait.reason)
+    return f"when {waits_for}" if waits_for else ("" if wait.eta is None else "now")
 
 
-# What a wait with no time (or one that came) waits for.
+@dataclass(frozen=True)
+class HoldShown:
+    """What a person is told about a held job (the admin's holding area and task calls): why it waits
+    (a label), and from when it may run (`eligible_from`) or, with no time known, what it waits for
+    (`waits_for`, to follow "when": a worker is free, an operator resumes it, ...)."""
+
+    reason: str
+    eligible_from: dt.datetime | None
+    waits_for: str = ""
+
+
+def hold_shown(held: DeferredTask, *, now: dt.datetime, wait: Wait | None = None) -> HoldShown:
+    """`why_held` of one job (or its `wait`, read for a page at once) as the admin shows it."""
+    wait = why_held([held])[held.pk] if wait is None else wait
+    label = _label(wait.reason)
+    if wait.reason == DeferReason.NEEDS_NEWER_WORKER:
+        return HoldShown(label, None, f"a worker that speaks envelope v{held.envelope_version} runs")
+    if wait.eta is not None and wait.eta >= UNTIL_RESUMED:
+        return HoldShown(label, None, "an operator resumes it")
+    if wait.eta is None or (wait.eta <= now and wait.reason in _WAITS_FOR):
+        return HoldShown(label, None, _WAITS_FOR.get(wait.reason, "a worker is free"))
+    return HoldShown(label, wait.eta)
+
+
+def _label(reason: str) -> str:
+    return DeferReason(reason).label if reason in DeferReason.values else reason
+
+
+# What a wait with no time (or one that came) waits for, to follow "when".
 _WAITS_FOR = {
-    DeferReason.CONCURRENCY_CAP: "when one of its runs ends",
-    DeferReason.BUDGET_RESERVED: "when one of its runs ends and gives back what it did not use",
-    DeferReason.WORKERS_BUSY: "when a worker is free",
-    DeferReason.QUEUED_BEHIND: "after the work before it in its line",
+    DeferReason.CONCURRENCY_CAP: "one of its runs ends",
+    DeferReason.BUDGET_RESERVED: "one of its runs ends and gives back what it did not use",
+    DeferReason.WORKERS_BUSY: "a worker is free",
+    DeferReason.QUEUED_BEHIND: "the work before it in its line has gone",
 }

@@ -21,15 +21,17 @@ class TaskCall(models.Model):
     guarded UPDATE in tasks/calls.py.
     """
 
-    id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
+    id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False, verbose_name="call id")
     backend = models.CharField(max_length=32, help_text="The TASKS alias it was enqueued through")
-    task_path = models.CharField(max_length=255, help_text="Module path of the @task function")
+    task_path = models.CharField(max_length=255, verbose_name="task", help_text="Module path of the @task function")
     # Null: a system task (FAIRSHARE's account-less work). No index of its own: taskcall_account_enqueued starts with it.
     account = models.ForeignKey("budgets.Account", null=True, blank=True, on_delete=models.CASCADE,
                                 related_name="task_calls", db_index=False)
     queue = models.CharField(max_length=40)
-    priority = models.SmallIntegerField(default=0)
-    run_after = models.DateTimeField(null=True, blank=True)
+    priority = models.SmallIntegerField(default=0,
+        help_text="-100 to 100: the account's higher-priority work goes first")
+    run_after = models.DateTimeField(null=True, blank=True, verbose_name="run after",
+        help_text="Not started before this time")
     arguments = models.JSONField(help_text='{"args": [...], "kwargs": {...}}, as the function receives them')
 
     status = models.CharField(max_length=10, choices=TaskResultStatus.choices, default=TaskResultStatus.READY)
@@ -39,19 +41,20 @@ class TaskCall(models.Model):
     # Text, one id a line, not JSON: a claim appends its worker with `||`, in one portable statement.
     workers = models.TextField(blank=True, default="", help_text="host:pid of each worker that started it, one a line")
     # Attempts counted against the limit: a run stopped at the daily CPU cap gives its attempt back.
-    attempt_count = models.PositiveSmallIntegerField(default=0)
-    attempt_limit = models.PositiveSmallIntegerField(default=5)
+    attempt_count = models.PositiveSmallIntegerField(default=0, verbose_name="attempts", help_text="Tries so far")
+    attempt_limit = models.PositiveSmallIntegerField(default=5, verbose_name="attempt limit",
+        help_text="After this many failed tries the call fails for good")
     # The kernel's record of the run that claimed it last; it also fences that run's writes (a run
     # writes only while the call is still its own). No constraint and no cascade: the kernel prunes
     # old task runs and must not wait for this table; a run gone reads as a run that ended.
     run = models.ForeignKey("scheduling.TaskRun", null=True, blank=True, on_delete=models.DO_NOTHING,
                             db_constraint=False, db_index=False, related_name="+")
 
-    enqueued_at = models.DateTimeField()
-    sent_at = models.DateTimeField(help_text="When its message was last sent (or it was held)")
-    started_at = models.DateTimeField(null=True, blank=True)
-    last_attempted_at = models.DateTimeField(null=True, blank=True)
-    finished_at = models.DateTimeField(null=True, blank=True)
+    enqueued_at = models.DateTimeField(verbose_name="enqueued")
+    sent_at = models.DateTimeField(verbose_name="sent", help_text="When its message was last sent (or it was held)")
+    started_at = models.DateTimeField(null=True, blank=True, verbose_name="started")
+    last_attempted_at = models.DateTimeField(null=True, blank=True, verbose_name="last attempted")
+    finished_at = models.DateTimeField(null=True, blank=True, verbose_name="finished")
 
     class Meta:
         ordering = ["-enqueued_at"]

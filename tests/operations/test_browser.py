@@ -2,7 +2,8 @@
 server and a real exports `qcluster`. An operator logs in, opens a failed export and sees its
 redacted error, retries it and sees it succeed, pauses an account and sees its new work held with
 that reason, resumes it and sees the work run, and runs a recurring export now. The dashboard's
-screenshot is kept: the test's tmp dir and var/test-artifacts/console-dashboard.png.
+screenshot is kept: the test's tmp dir and var/test-artifacts/console-dashboard.png; the second
+test keeps the pages an operator meets under the demo's workload beside it.
 
 scripts/test installs Playwright's package (requirements-dev.txt) and, as root, Debian's chromium;
 Playwright's own browser download cannot work here. Without either, this test skips and says why
@@ -146,7 +147,7 @@ def test_an_operator_runs_the_console_in_a_real_browser(
     held = DeferredTask.objects.get(ref=str(paused.pk))
     assert held.reason == DeferReason.PAUSED
     holding_text = console.text("/admin/scheduling/deferredtask/")
-    assert "Paused by an operator" in holding_text and "when resumed" in holding_text
+    assert "Paused by an operator" in holding_text and "when an operator resumes it" in holding_text
 
     # Resume: the held export is released and runs.
     assert "released 1 held task(s)" in console.act("/admin/budgets/account/", account.pk, "resume_accounts")
@@ -169,16 +170,26 @@ def test_an_operator_runs_the_console_in_a_real_browser(
     admin = Console(browser, live_server.url, "root")
     dashboard = admin.open("/admin/")
     dashboard.click("#ops-dashboard-link a")
-    sync_api.expect(dashboard.locator("#dashboard")).to_contain_text("Throughput, last 24 h")
+    sync_api.expect(dashboard.locator("#dashboard")).to_contain_text("Throughput, since")
     shot = tmp_path / "console-dashboard.png"
     dashboard.screenshot(path=str(shot), full_page=True)
     ARTIFACTS.mkdir(parents=True, exist_ok=True)
     shutil.copy(shot, ARTIFACTS / shot.name)
     # The queue table, the 24 h throughput and acme's usage against its budget as charts; nothing held.
     assert dashboard.locator("#queues table").count() == 1
-    assert dashboard.locator("#dashboard svg").count() == 2
+    # Throughput; acme's CPU on the exports queue, its budget apart from the default queue's.
+    assert dashboard.locator("#throughput svg").count() == 1
+    assert dashboard.locator('#usage .usage-row[data-account="acme"][data-queue="exports"] svg').count() == 1
     assert "nothing to show" in dashboard.locator("#held").inner_text()
     assert "3 runs" in dashboard.locator("#throughput").inner_text() or "runs, failure rate" in dashboard.content()
+
+
+def _unclipped(page) -> bool:
+    """Whether the change list's table fits its box at this width (nothing to scroll sideways to)."""
+    widths = page.evaluate("""() => [document.querySelector('#changelist .results'), document.querySelector('#result_list')]
+        .filter(Boolean).map(e => [e.scrollWidth, e.clientWidth, e.parentElement.clientWidth])""")
+    assert all(scroll <= client + 1 and scroll <= parent + 1 for scroll, client, parent in widths), (page.url, widths)
+    return True
 
 
 def _keep(page, name: str, tmp_path) -> Path:
@@ -196,7 +207,10 @@ def test_the_dashboard_and_fair_share_now_follow_the_demo_workload_live(
     flood waits at its cap and is worked off, initech's light jobs run beside it, umbrella's work
     waits for its CPU budget, acme's recurring export completes. The fair-share view, refreshed by
     its own script (the page is never reloaded), shows globex's held count fall; the charts show a
-    value on hover; the search finds an account; both pages are kept as screenshots under load."""
+    value on hover; the search finds an account. At 1400x1000, under that load: the holding area is
+    named so and no list clips a column, a held job's page releases it, a failed task run and task
+    call read in words, the dashboard's default range shows the work and its failure, an export's
+    page has no empty Failure section; each page is kept as a screenshot (var/test-artifacts/)."""
     import datetime as dt
 
     from django.utils import timezone
@@ -204,6 +218,7 @@ def test_the_dashboard_and_fair_share_now_follow_the_demo_workload_live(
     from budgets.models import Budget
     from exports import demo
     from exports.sample_data import add_activity
+    from scheduling.models import Outcome, TaskRun
     from scheduling.runtime import enqueue
 
     accounts = demo.ensure_accounts()
@@ -245,16 +260,70 @@ def test_the_dashboard_and_fair_share_now_follow_the_demo_workload_live(
     sync_api.expect(page.locator("#chart-tip")).to_contain_text("worker(s) busy on average")
     fairshare_shot = _keep(page, "fairshare-under-load.png", tmp_path)
 
-    # The dashboard under the same load: a column's value on hover, the range switched.
+    # The holding area under the flood, named so, every column visible at 1400 px; a held job's page
+    # with its release button, kept while it is held.
+    page = console.open("/admin/scheduling/deferredtask/?account__id__exact=%d" % accounts[demo.FLOOD].pk)
+    sync_api.expect(page.locator("#content h1")).to_contain_text("Holding area")
+    sync_api.expect(page.locator("p.paginator")).to_contain_text("held jobs")
+    _keep(page, "holding-area.png", tmp_path)
+    assert page.locator("#result_list tbody tr").count() > 0 and _unclipped(page)
+    assert "ELIGIBLE FROM" in page.locator("#result_list thead").inner_text().upper()
+    # umbrella's, held until its next budget day, stays held while the page is opened (globex's go).
+    page = console.open("/admin/scheduling/deferredtask/?account__id__exact=%d" % accounts[demo.CAPPED].pk)
+    page.locator("#result_list tbody tr th a").first.click()
+    sync_api.expect(page.locator("#object-action-release")).to_be_visible()
+    sync_api.expect(page.locator("#content")).to_contain_text("Eligible from")
+    _keep(page, "held-job.png", tmp_path)
+    page.click("#object-action-release")  # back to the queue: its list says so (its budget may hold it again)
+    sync_api.expect(page.locator("ul.messagelist")).to_contain_text("released to the queue")
+    assert console.open("/admin/").locator("#content-main").inner_text().count("Holding area") == 1
+
+    # A task that fails for good, on its run's page: its outcome said in words, its error redacted.
+    enqueue(job="tests.leak", account=accounts[demo.LIGHT].pk, ref="api-token/1")
+    deadline = time.monotonic() + 60
+    while not (failed := TaskRun.objects.filter(job="tests.leak", outcome=Outcome.FAILED).first()):
+        assert time.monotonic() < deadline, "the failing task never ran"
+        time.sleep(0.5)
+    page = console.open(f"/admin/scheduling/taskrun/{failed.pk}/change/")
+    sync_api.expect(page.locator("#content")).to_contain_text("It failed for good")
+    assert "fs_PlantedToken" not in page.locator("#content").inner_text()
+    _keep(page, "failed-task.png", tmp_path)
+
+    # Django task calls: one that fails, and globex's, held behind its flood; their list fits at 1400 px.
+    from tasks.models import TaskCall
+    from tests.tasks import functions
+
+    call = functions.failing_value_error.enqueue(account=accounts[demo.LIGHT])
+    for i in range(3):
+        functions.echo.enqueue(i, account=accounts[demo.FLOOD])
+    deadline = time.monotonic() + 60
+    while TaskCall.objects.get(pk=call.id).status != "FAILED":
+        assert time.monotonic() < deadline, "the failing task call never ran"
+        time.sleep(0.5)
+    page = console.open(f"/admin/tasks/taskcall/{call.id}/change/")
+    sync_api.expect(page.locator("#content")).to_contain_text("This task failed due to ValueError")
+    assert page.locator("#object-action-retry").count() == 1
+    _keep(page, "failed-task-call.png", tmp_path)
+    page = console.open("/admin/tasks/taskcall/")
+    _keep(page, "list-taskcall-under-load.png", tmp_path)
+    assert page.locator("#result_list tbody tr").count() >= 4 and _unclipped(page)
+
+    # The dashboard under the same load: its default range shows the work from its first minute, the
+    # failure is named; a column's value on hover; the range switched.
     page = console.open("/admin/dashboard/?refresh=2")
-    sync_api.expect(page.locator("#throughput")).to_contain_text("runs, failure rate")
-    column = page.locator("#throughput svg rect[fill='transparent']").last
+    sync_api.expect(page.locator("#throughput h2")).to_contain_text("since")
+    summary = page.locator("#throughput-summary").inner_text()
+    assert int(summary.split(" runs")[0]) > 0, summary
+    sync_api.expect(page.locator("#latest-failures")).to_contain_text("tests.leak")
+    sync_api.expect(page.locator("#held-by-account")).to_contain_text("globex (default)")
+    column = page.locator("#throughput svg rect[fill='transparent']").first  # the first run's minute
     column.hover()
     sync_api.expect(page.locator("#chart-tip")).to_contain_text("succeeded")
     assert "runs" in page.locator("#chart-tip").inner_text()
+    assert page.evaluate("document.documentElement.scrollWidth <= document.documentElement.clientWidth")
+    dashboard_shot = _keep(page, "dashboard-under-load.png", tmp_path)
     page.click("a.range-1h")
     sync_api.expect(page.locator("#throughput h2")).to_contain_text("last hour, per 5 minutes")
-    dashboard_shot = _keep(page, "dashboard-under-load.png", tmp_path)
 
     # Search: the top-N finds an account by its name.
     page = console.open("/admin/fairshare/")
@@ -274,4 +343,16 @@ def test_the_dashboard_and_fair_share_now_follow_the_demo_workload_live(
         time.sleep(0.5)
         export.refresh_from_db()
     assert export.status == ExportStatus.SUCCEEDED
+    page = console.open(f"/admin/exports/exportrecord/{export.pk}/change/")
+    sync_api.expect(page.locator("#content")).to_contain_text("Succeeded")
+    assert page.locator("fieldset h2", has_text="Failure").count() == 0  # no empty Failure section
+    assert page.locator("#object-action-retry").count() == 0  # a succeeded export has nothing to retry
+    _keep(page, "export.png", tmp_path)
+
+    # Every list readable at 1400 px: no column clipped, long ids in short.
+    for changelist in ("/admin/exports/exportrecord/", "/admin/tasks/taskcall/", "/admin/scheduling/deferredtask/",
+                       "/admin/scheduling/taskrun/"):
+        page = console.open(changelist)
+        _keep(page, "list-" + changelist.strip("/").split("/")[-1] + ".png", tmp_path)
+        assert _unclipped(page), changelist
     assert fairshare_shot.stat().st_size > 10_000 and dashboard_shot.stat().st_size > 10_000

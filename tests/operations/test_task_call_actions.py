@@ -127,7 +127,7 @@ def test_a_paused_accounts_calls_wait_until_resumed_and_the_admin_says_so(
     assert DeferredTask.objects.get(ref=result.id).reason == "paused" and not OrmQ.objects.exists()
     client.force_login(operator)
     operator.user_permissions.add(Permission.objects.get(codename="view_taskcall"))
-    assert "Paused by an operator, until resumed" in client.get("/admin/tasks/taskcall/").content.decode()
+    assert "Paused by an operator, when an operator resumes it" in client.get("/admin/tasks/taskcall/").content.decode()
     with django_capture_on_commit_callbacks(execute=True):
         assert resume(user=operator, account=account).ok
     assert not DeferredTask.objects.filter(ref=result.id).exists() and OrmQ.objects.count() == 1
@@ -143,7 +143,7 @@ def test_a_call_held_until_its_accounts_budget_day_says_so(
     client.force_login(operator)
     operator.user_permissions.add(Permission.objects.get(codename="view_taskcall"))
     page = client.get(f"/admin/tasks/taskcall/{result.id}/change/").content.decode()
-    assert f"Daily CPU budget exhausted, until {clock.next_reset():%Y-%m-%d %H:%M} UTC" in page
+    assert f"Daily CPU budget exhausted, eligible from {clock.next_reset():%Y-%m-%d %H:%M} UTC (in " in page
 
 
 @pytest.fixture

@@ -32,7 +32,7 @@ def recount_all(apps, schema_editor):
 class Migration(migrations.Migration):
 
     dependencies = [
-        ('scheduling', '0019_backlog_lined'),
+        ('scheduling', '0020_human_labels_holding_area'),
     ]
 
     operations = triggers.rewritten(
