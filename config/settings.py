@@ -199,11 +199,18 @@ STORAGES = {
 # seconds even while it is still running (see docs/architecture.md; system check scheduling.E001).
 TASK_TIMEOUT_S = env.TASK_TIMEOUT.read()
 EXPORT_TIMEOUT_S = env.EXPORT_TIMEOUT.read()
-_broker = (
-    {"redis": env.REDIS_URL.read()} if env.REDIS_URL.read()
+# The broker: the ORM by default, Redis with REDIS_URL, RabbitMQ with RABBITMQ_URL (README "Which
+# broker"). Unset here when unused: scheduling.amqp reads it.
+RABBITMQ_URL = env.RABBITMQ_URL.read()
+if RABBITMQ_URL and env.REDIS_URL.read():
+    raise ImproperlyConfigured("Set REDIS_URL or RABBITMQ_URL, not both: each names the broker of every queue.")
+if RABBITMQ_URL:
+    _broker = {"broker_class": "scheduling.rabbitmq.RabbitMQ"}
+elif env.REDIS_URL.read():
+    _broker = {"redis": env.REDIS_URL.read()}
+else:
     # django-q2's ORM broker, first in first out (see scheduling/broker.py).
-    else {"orm": "default", "broker_class": "scheduling.broker.FifoORM"}
-)
+    _broker = {"orm": "default", "broker_class": "scheduling.broker.FifoORM"}
 Q_CLUSTER = {
     "name": "default",
     "workers": env.WORKERS.read(),
@@ -283,6 +290,8 @@ LOGGING = {
         # The Tasks framework logs every task's start and end at INFO; the runner's "task finished"
         # line already records each run (failures, logged at ERROR, still come through).
         "django_tasks": {"level": "WARNING"},
+        # pika (the RabbitMQ client) logs every connection and channel it opens or closes at INFO.
+        "pika": {"level": "WARNING"},
         "django.tasks": {"level": "WARNING"},
     },
 }

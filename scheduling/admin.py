@@ -9,7 +9,7 @@ from budgets.models import Role
 from budgets.tenancy import ReadOnlyAdmin, accounts_visible_to, action_role
 from scheduling import clock
 from scheduling.actions import release_held
-from scheduling.models import DeferReason, DeferredTask, Pause, TaskRun, TaskRunDaily, WorkerHeartbeat
+from scheduling.models import DeadLetter, DeferReason, DeferredTask, Pause, TaskRun, TaskRunDaily, WorkerHeartbeat
 from scheduling.operator import message_results
 from scheduling.pausing import UNTIL_RESUMED, pause, resume
 from scheduling.selectors import line_held_up, with_their_line
@@ -139,3 +139,16 @@ class PauseAdmin(ReadOnlyAdmin):
 
 
 from scheduling import q2_admin  # noqa: E402,F401  (replaces django-q2's own admin pages)
+
+
+@admin.register(DeadLetter)
+class DeadLetterAdmin(ReadOnlyAdmin):
+    """RabbitMQ messages nobody could honour, with why; the messages wait in their dead-letter queues
+    (scheduling.dead_letters). An account's members see those that named their account."""
+
+    list_display = ["first_seen_at", "queue", "reason", "account", "message_id", "body_bytes", "deliveries"]
+    list_filter = ["queue", "account"]
+    search_fields = ["message_id", "reason"]
+    list_select_related = ["account"]
+    show_full_result_count = False
+    paginator = CappedPaginator
