@@ -35,6 +35,7 @@ BACKOFF_FIRST_S, BACKOFF_MAX_S = 0.2, 5.0
 # A publish keeps trying (reconnecting with back-off) for this long before it raises: a broker
 # restart takes a few seconds, and an enqueue that raises loses nothing (the caller is told).
 PUBLISH_PATIENCE_S = 30.0
+HEARTBEAT_S = 30
 
 T = TypeVar("T")
 
@@ -56,7 +57,7 @@ def connect() -> pika.BlockingConnection:
     # Unless the URL says otherwise: a heartbeat finds a dead peer (a host gone, a cut network) in
     # about a minute, so the server requeues a vanished consumer's messages and a client reconnects.
     if "heartbeat" not in url():
-        parameters.heartbeat = 30
+        parameters.heartbeat = HEARTBEAT_S
     parameters.connection_attempts = 1
     parameters.blocked_connection_timeout = 60
     return pika.BlockingConnection(parameters)
@@ -92,6 +93,7 @@ class Publisher:
         self.connection: pika.BlockingConnection | None = None
         self.channel = None
         self.declared: set[str] = set()
+        self.used_at = 0.0
 
     @classmethod
     def get(cls) -> "Publisher":
@@ -101,6 +103,11 @@ class Publisher:
         return publisher
 
     def _open(self):
+        # An idle BlockingConnection answers no heartbeat: the server drops it after two missed ones.
+        # One idle for longer than a heartbeat is replaced before use rather than found dead.
+        if self.connection is not None and time.monotonic() - self.used_at > HEARTBEAT_S:
+            self.close()
+        self.used_at = time.monotonic()
         if self.connection is None or self.connection.is_closed or self.channel is None or self.channel.is_closed:
             self.close()
             self.connection = connect()
