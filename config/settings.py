@@ -290,8 +290,10 @@ LOGGING = {
         # The Tasks framework logs every task's start and end at INFO; the runner's "task finished"
         # line already records each run (failures, logged at ERROR, still come through).
         "django_tasks": {"level": "WARNING"},
-        # pika (the RabbitMQ client) logs every connection and channel it opens or closes at INFO.
-        "pika": {"level": "WARNING"},
+        # pika (the RabbitMQ client) logs every connection and channel it opens or closes at INFO, and a
+        # lost connection at ERROR with a traceback: Fairshare logs each loss itself, once, as a warning
+        # with its error class, and reconnects (scheduling/amqp.py, scheduling/rabbitmq.py).
+        "pika": {"level": "CRITICAL"},
         "django.tasks": {"level": "WARNING"},
     },
 }

@@ -149,10 +149,11 @@ def broker(request, monkeypatch, settings):
     client.flushdb()
 
 
-def rabbitmq_broker(monkeypatch, settings):
-    """The RabbitMQ broker on FAIRSHARE_TEST_RABBITMQ_URL, with queues of this test's own (a random
-    prefix), deleted afterwards: tests running side by side on one server never share a queue."""
-    url = os.environ.get("FAIRSHARE_TEST_RABBITMQ_URL")
+def rabbitmq_broker(monkeypatch, settings, url: str | None = None):
+    """The RabbitMQ broker on `url` (default FAIRSHARE_TEST_RABBITMQ_URL), with queues of this
+    test's own (a random prefix), deleted afterwards: tests running side by side on one server never
+    share a queue."""
+    url = url or os.environ.get("FAIRSHARE_TEST_RABBITMQ_URL")
     if not url:
         needs_service("RabbitMQ", "set FAIRSHARE_TEST_RABBITMQ_URL (scripts/test starts a local server)")
     from scheduling import amqp
