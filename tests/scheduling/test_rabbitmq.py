@@ -94,3 +94,23 @@ def test_publish_is_persistent_to_a_durable_quorum_queue(rabbitmq):
     with pytest.raises(pika.exceptions.ChannelClosedByBroker):
         channel.queue_declare(amqp.queue_name("default"), durable=False)
     connection.close()
+
+
+def test_metrics_healthz_and_the_dashboard_read_the_rabbitmq_queues(rabbitmq, account):
+    """The queue figures (/metrics, /healthz, the dashboard's queue panel: scheduling.liveness) on RabbitMQ."""
+    from django.test import Client
+
+    from scheduling.liveness import queue_health
+    from tests.scheduling.test_ops_endpoints import beat
+
+    for i in range(2):
+        enqueue(job="tests.noop", account=account.pk, ref=f"0/{i}")
+    waiting = get_broker("default").queue_size()
+    assert waiting > 0
+    assert {h.queue: h.depth for h in queue_health()} == {"default": waiting, "exports": 0}
+    metrics = Client().get("/metrics").content.decode()
+    assert f'fairshare_queue_depth{{queue="default"}} {waiting}.0' in metrics
+    beat("default")
+    beat("exports")
+    response = Client().get("/healthz")
+    assert response.status_code == 200, response.json()
