@@ -73,14 +73,26 @@ class _Consumer:
 
     def __init__(self, queue: str, prefetch: int):
         self.queue = queue
-        self.connection = amqp.connect()
-        self.channel = self.connection.channel()
-        amqp.declare(self.channel, self.connection, queue)
-        self.channel.basic_qos(prefetch_count=prefetch)
         self.token = uuid.uuid4().hex[:12]
         self.outstanding: dict[int, float] = {}  # delivery tag -> when it was handed out (monotonic)
         self.delivered: list[tuple[str, str]] = []
-        self.consumer_tag = self.channel.basic_consume(queue, self._on_message)
+        self.connection = amqp.connect()
+        try:
+            self.channel = self.connection.channel()
+            amqp.declare(self.channel, self.connection, queue)
+            self.channel.basic_qos(prefetch_count=prefetch)
+            self.consumer_tag = self.channel.basic_consume(queue, self._on_message)
+        except BaseException:
+            self.close()
+            raise
+
+    def close(self) -> None:
+        """Close the connection: the server requeues whatever it delivered and was not acknowledged."""
+        try:
+            if self.connection.is_open:
+                self.connection.close()
+        except (AMQPError, OSError):
+            pass
 
     def _on_message(self, channel, method, properties, body: bytes) -> None:
         problem = delivery_problem(body)
@@ -124,9 +136,9 @@ class _Consumer:
             deadline = time.monotonic() + wait_s
             while self.outstanding and time.monotonic() < deadline:
                 self.connection.process_data_events(time_limit=0.2)
-            self.connection.close()
         except (AMQPError, OSError):
-            pass  # the server requeues whatever is left
+            pass
+        self.close()  # the server requeues whatever is left
 
 
 class RabbitMQ(Broker):
@@ -233,6 +245,8 @@ class RabbitMQ(Broker):
         except (AMQPError, OSError, DatabaseError) as exc:
             # The server went away (or the database, recording a dead letter): what was handed out
             # and not acknowledged goes back to the queue with the connection. Reconnect, backing off.
+            if (consumer := self._here()) is not None:
+                consumer.close()
             self._consumer = None
             pause = amqp.backoff(self._failures)
             self._failures += 1

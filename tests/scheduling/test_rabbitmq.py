@@ -43,7 +43,8 @@ def test_jobs_run_through_rabbitmq_and_are_acknowledged(rabbitmq, account, start
     assert TaskRun.objects.count() == 20
 
 
-def test_bad_messages_are_dead_lettered_with_their_reason_and_never_run(rabbitmq, account, start_cluster):
+def test_bad_messages_are_dead_lettered_with_their_reason_and_never_run(rabbitmq, account, start_cluster,
+                                                                       admin_client):
     publisher = amqp.Publisher.get()
     queue = amqp.queue_name("default")
     publisher.publish(queue, b"not a signed task", message_id="garbage-1")
@@ -65,6 +66,9 @@ def test_bad_messages_are_dead_lettered_with_their_reason_and_never_run(rabbitmq
     dead = connection.channel().queue_declare(queue + amqp.DEAD_SUFFIX, passive=True).method.message_count
     connection.close()
     assert dead == 2
+    # An operator reads why in the admin.
+    page = admin_client.get("/admin/scheduling/deadletter/").content.decode()
+    assert "unknown job" in page and "does not decode" in page
 
 
 def test_a_message_whose_pool_was_killed_is_delivered_again(rabbitmq, account, start_cluster):
