@@ -235,7 +235,8 @@ class RabbitMQ(Broker):
     def dequeue(self):
         try:
             consumer = self._here() or self._connect_consumer()
-            consumer.requeue_stale(Conf.RETRY)
+            if Conf.RETRY:  # always set in Fairshare's settings (retry > timeout, scheduling.E001)
+                consumer.requeue_stale(Conf.RETRY)
             deadline = time.monotonic() + 1.0  # as Redis' BLPOP: the pusher looks at its stop event each second
             while not consumer.delivered and (left := deadline - time.monotonic()) > 0:
                 consumer.connection.process_data_events(time_limit=left)
