@@ -287,7 +287,8 @@ class Fairshare(System):
             connection = pika.BlockingConnection(pika.URLParameters(RABBITMQ_URL))
             channel = connection.channel()
             for queue in ("default", "exports"):
-                for name in (f"{RABBITMQ_PREFIX}.{queue}", f"{RABBITMQ_PREFIX}.{queue}.dead"):
+                for name in (f"{RABBITMQ_PREFIX}.{queue}", f"{RABBITMQ_PREFIX}.{queue}.dead",
+                             f"{RABBITMQ_PREFIX}.{queue}.later"):
                     channel.queue_delete(name)
             connection.close()
 

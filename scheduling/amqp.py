@@ -30,6 +30,7 @@ from pika.exceptions import AMQPChannelError, AMQPConnectionError, AMQPError
 logger = logging.getLogger("fairshare.amqp")
 
 DEAD_SUFFIX = ".dead"
+LATER_SUFFIX = ".later"
 # Reconnection back-off: from the first to the last pause, doubling (seconds).
 BACKOFF_FIRST_S, BACKOFF_MAX_S = 0.2, 5.0
 # A publish keeps trying (reconnecting with back-off) for this long before it raises: a broker
@@ -80,6 +81,16 @@ def declare(channel, connection: pika.BlockingConnection, name: str) -> int:
     frame = channel.queue_declare(name, durable=True, arguments={
         **kind, "x-dead-letter-exchange": "", "x-dead-letter-routing-key": name + DEAD_SUFFIX})
     return frame.method.message_count
+
+
+def declare_later(channel, name: str) -> str:
+    """`name`'s waiting room, `name` + ".later": a message put there with an expiration goes back to
+    `name` when it expires (dead-lettered through the default exchange). Classic and durable: every
+    message in it waits as long, so the one at its head is always the first due."""
+    later = name + LATER_SUFFIX
+    channel.queue_declare(later, durable=True, arguments={
+        "x-dead-letter-exchange": "", "x-dead-letter-routing-key": name})
+    return later
 
 
 class Publisher:
@@ -152,6 +163,17 @@ class Publisher:
                 declare(channel, connection, queue)
                 self.declared.add(queue)
             channel.basic_publish("", queue, body, properties=properties, mandatory=True)
+
+        self.call(send)
+
+    def publish_later(self, queue: str, body: bytes | str, *, delay_s: float) -> None:
+        """Publish a persistent message that reaches `queue` `delay_s` from now (its waiting room)."""
+        properties = pika.BasicProperties(delivery_mode=pika.DeliveryMode.Persistent,
+                                          expiration=str(max(0, int(delay_s * 1000))))
+
+        def send(channel, connection):
+            later = declare_later(channel, queue)
+            channel.basic_publish("", later, body, properties=properties, mandatory=True)
 
         self.call(send)
 

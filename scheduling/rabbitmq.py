@@ -7,9 +7,14 @@ What it promises, against the ORM broker (at least once) and Redis (at most once
   hands a pool no more than it can run, and a message is acknowledged only when its task is over
   (its run's record was committed by the runner before the result reached the monitor);
 - a message that is not acknowledged goes again: at once when the pusher's connection dies (the
-  whole pool killed, its host gone: the server requeues it), and after the cluster's `retry`
-  seconds when the connection lives but the task never ended (its worker SIGKILLed), as the ORM
-  broker does; the handlers are idempotent (SPEC §4), so a second delivery changes nothing;
+  whole pool killed, its host gone: the server requeues it), at once when the worker running it
+  dies (each worker tells the pusher which delivery it took, from django-q2's `pre_execute`, and
+  the pusher watches that process; a copy goes FAIRSHARE["RABBITMQ_REDELIVER_AFTER_DEATH_S"]
+  later, through the queue's waiting room, when the leases the dead run held have expired, and the
+  pool gets its place back at once), and after the cluster's `retry` seconds when neither says anything (as the
+  ORM broker does); the handlers are idempotent (SPEC §4), so a second delivery changes nothing.
+  Without the worker's word, a SIGKILLed worker would hold one of the pool's prefetch places until
+  `retry` (half an hour on the exports queue): a one-worker pool would stall;
 - a message that does not decode, or whose envelope names an unknown job or breaks the contract,
   is dead-lettered with its reason (scheduling.dead_letters), never dropped nor run.
 
@@ -19,7 +24,8 @@ that delivered it, so the monitor's acknowledgement is relayed to the pusher thr
 sentinel creates before it forks them (`ping`, which Sentinel.start calls first); a thread in the
 pusher hands it to the connection's own thread (`add_callback_threadsafe`, pika's one thread-safe
 call). An acknowledgement names the channel it is for (`token:delivery tag`): one for a channel
-that has since died is dropped, its message has already gone back to the queue.
+that has since died is dropped, its message has already gone back to the queue. The workers write
+to the same pipe which delivery they took ("take <id> <pid>").
 
 On a graceful stop the pusher stops consuming and waits (up to the cluster's `timeout`) for what it
 handed out to be acknowledged before it closes its connection, so a stop causes no redelivery.
@@ -32,9 +38,11 @@ import time
 import uuid
 from multiprocessing import util as mp_util
 
+from django.conf import settings
 from django.db import DatabaseError, close_old_connections
 from django_q.brokers import Broker
 from django_q.conf import Conf
+from django_q.signals import pre_execute
 from django_q.signing import SignedPackage
 from pika.exceptions import AMQPError
 
@@ -68,6 +76,40 @@ def delivery_problem(body: bytes) -> str | None:
     return None
 
 
+# The acknowledgement relay of this process tree (read end, write end): made by the sentinel's broker
+# (`RabbitMQ.ping`) before it forks the pusher, the monitor and the workers, which inherit it.
+_relay: tuple[int, int] | None = None
+
+
+def _tell_pusher(line: str) -> None:
+    if _relay is not None:
+        try:
+            os.write(_relay[1], line.encode() + b"\n")
+        except (BlockingIOError, BrokenPipeError):
+            pass  # no pusher reads: its connection is gone and the server requeued the message
+
+
+def _task_taken(sender, task, **kwargs) -> None:
+    """django-q2's `pre_execute`, in the worker: tell the pusher which process runs the delivery."""
+    if task.get("ack_id"):
+        _tell_pusher(f"take {task['ack_id']} {os.getpid()}")
+
+
+def _alive(pid: int) -> bool:
+    """Whether process `pid` still runs (a dead worker is a zombie until the sentinel reaps it)."""
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            return stat.read().rsplit(")", 1)[1].split()[0] not in ("Z", "X")
+    except FileNotFoundError:
+        return False
+    except OSError:  # no /proc: ask the kernel
+        try:
+            os.kill(pid, 0)
+            return True
+        except ProcessLookupError:
+            return False
+
+
 class _Consumer:
     """The pusher's connection: consuming with manual acknowledgement."""
 
@@ -75,6 +117,8 @@ class _Consumer:
         self.queue = queue
         self.token = uuid.uuid4().hex[:12]
         self.outstanding: dict[int, float] = {}  # delivery tag -> when it was handed out (monotonic)
+        self.takers: dict[int, int] = {}  # delivery tag -> pid of the worker running it
+        self.bodies: dict[int, bytes] = {}  # delivery tag -> its body, to send again if its worker dies
         self.delivered: list[tuple[str, str]] = []
         self.connection = amqp.connect()
         try:
@@ -103,16 +147,41 @@ class _Consumer:
             logger.error("message dead-lettered", extra={"queue": self.queue})
             return
         self.outstanding[method.delivery_tag] = time.monotonic()
+        self.bodies[method.delivery_tag] = body
         self.delivered.append((f"{self.token}:{method.delivery_tag}", body.decode()))
 
     def ack(self, ack_id: str) -> None:
         token, _, tag = ack_id.partition(":")
         if token == self.token and self.outstanding.pop(int(tag), None) is not None:
+            self.takers.pop(int(tag), None)
+            self.bodies.pop(int(tag), None)
             self.channel.basic_ack(int(tag))
+
+    def taken(self, ack_id: str, pid: int) -> None:
+        token, _, tag = ack_id.partition(":")
+        if token == self.token and int(tag) in self.outstanding:
+            self.takers[int(tag)] = pid
+
+    def requeue_orphans(self, after_s: float) -> None:
+        """Send again what a worker took and died with (SIGKILLed, out of memory, killed at its time
+        limit: no acknowledgement can come for it), to arrive `after_s` after its death, once the
+        leases its run held have expired and the redelivery can take the work over: a copy goes to
+        the queue's waiting room (amqp.declare_later), confirmed, and then this delivery is
+        acknowledged, which gives the pool its place back at once."""
+        for tag, pid in list(self.takers.items()):
+            if not _alive(pid):
+                del self.takers[tag]
+                body = self.bodies.pop(tag, None)
+                if self.outstanding.pop(tag, None) is not None and body is not None:
+                    amqp.Publisher.get().publish_later(self.queue, body, delay_s=after_s)
+                    self.channel.basic_ack(tag)
+                    logger.warning("worker died with a message; it goes again later",
+                                   extra={"queue": self.queue, "retry_in_s": after_s})
 
     def reject(self, ack_id: str, reason: str) -> None:
         token, _, tag = ack_id.partition(":")
         if token == self.token and self.outstanding.pop(int(tag), None) is not None:
+            self.bodies.pop(int(tag), None)
             close_old_connections()
             dead_letter_record(queue=self.queue, reason=reason, body=b"", message_id=f"delivery {ack_id}")
             self.channel.basic_nack(int(tag), requeue=False)
@@ -124,6 +193,8 @@ class _Consumer:
         for tag, since in list(self.outstanding.items()):
             if now - since > older_than_s:
                 del self.outstanding[tag]
+                self.takers.pop(tag, None)
+                self.bodies.pop(tag, None)
                 self.channel.basic_nack(tag, requeue=True)
                 logger.warning("unacknowledged message requeued", extra={"queue": self.queue})
 
@@ -143,7 +214,6 @@ class _Consumer:
 
 class RabbitMQ(Broker):
     def __init__(self, list_key: str | None = None):
-        self._relay: tuple[int, int] | None = None
         self._consumer: _Consumer | None = None
         self._consumer_pid = 0
         self._failures = 0
@@ -181,16 +251,19 @@ class RabbitMQ(Broker):
         def delete(channel, connection):
             channel.queue_delete(self.queue)
             channel.queue_delete(self.queue + amqp.DEAD_SUFFIX)
+            channel.queue_delete(self.queue + amqp.LATER_SUFFIX)
         amqp.Publisher.get().call(delete)
         amqp.Publisher.get().declared.discard(self.queue)
 
     def ping(self) -> bool:
         # Sentinel.start pings before it forks the pusher and the monitor: the acknowledgement
         # relay must exist by then for both to share it.
-        if self._relay is None:
+        global _relay
+        if _relay is None:
             read_end, write_end = os.pipe()
-            os.set_blocking(write_end, False)  # a monitor never waits on a dead pusher
-            self._relay = (read_end, write_end)
+            os.set_blocking(write_end, False)  # a monitor or a worker never waits on a dead pusher
+            _relay = (read_end, write_end)
+            pre_execute.connect(_task_taken, dispatch_uid="fairshare.rabbitmq.taken")
         return amqp.Publisher.get().call(lambda channel, connection: connection.is_open, patience_s=5.0)
 
     def info(self) -> str:
@@ -209,22 +282,27 @@ class RabbitMQ(Broker):
         self._consumer = _Consumer(self.queue, prefetch=max(1, Conf.WORKERS))
         self._consumer_pid = os.getpid()
         if fresh:  # once per process: the relay reader and the drain at exit
-            if self._relay is not None:
+            if _relay is not None:
                 threading.Thread(target=self._relay_reader, name="ack-relay", daemon=True).start()
             mp_util.Finalize(None, self._drain, exitpriority=10)
         return self._consumer
 
     def _relay_reader(self) -> None:
+        """Lines from the monitor ("ack <id>") and the workers ("take <id> <pid>"), handed to the
+        consumer's connection thread."""
         pending = b""
         while True:
-            chunk = os.read(self._relay[0], 4096)
+            chunk = os.read(_relay[0], 4096)
             if not chunk:
                 return
             *lines, pending = (pending + chunk).split(b"\n")
             for line in lines:
-                consumer = self._consumer
+                what, ack_id, *pid = line.decode().split()
                 try:
-                    consumer.connection.add_callback_threadsafe(functools.partial(consumer.ack, line.decode()))
+                    consumer = self._consumer
+                    call = (functools.partial(consumer.ack, ack_id) if what == "ack"
+                            else functools.partial(consumer.taken, ack_id, int(pid[0])))
+                    consumer.connection.add_callback_threadsafe(call)
                 except Exception:  # noqa: BLE001 - its connection died: the server requeued the message
                     pass
 
@@ -235,6 +313,7 @@ class RabbitMQ(Broker):
     def dequeue(self):
         try:
             consumer = self._here() or self._connect_consumer()
+            consumer.requeue_orphans(settings.FAIRSHARE["RABBITMQ_REDELIVER_AFTER_DEATH_S"])
             if Conf.RETRY:  # always set in Fairshare's settings (retry > timeout, scheduling.E001)
                 consumer.requeue_stale(Conf.RETRY)
             deadline = time.monotonic() + 1.0  # as Redis' BLPOP: the pusher looks at its stop event each second
@@ -260,11 +339,8 @@ class RabbitMQ(Broker):
         consumer = self._here()
         if consumer is not None:  # the pusher itself (a synchronous run)
             consumer.ack(task_id)
-        elif self._relay is not None:
-            try:
-                os.write(self._relay[1], task_id.encode() + b"\n")
-            except (BlockingIOError, BrokenPipeError):
-                pass  # no pusher reads: its connection is gone and the server requeued the message
+        else:
+            _tell_pusher(f"ack {task_id}")
 
     def fail(self, task_id: str) -> None:
         """django-q2's pusher could not unpack the message (delivery_problem lets none through)."""
