@@ -13,6 +13,7 @@ from scheduling.models import DeadLetter, Outcome, TaskRun
 from tests.conftest import wait_for
 from tests.exports.support import (
     RANGE, add_events, assert_published_once, attempts, notifications, wait_finished, wait_logged,
+    wait_runs_settled,
 )
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.processes]
@@ -36,6 +37,7 @@ def test_worker_killed_mid_export_is_redelivered_by_rabbitmq_and_done_once(
     wait_for(lambda: reclaim_expired() == 1, timeout=30, message="the dead run's reservation to be reclaimed")
     wait_finished(record, cluster, timeout=60)
     assert "worker died with a message; it goes again later" in cluster.log()
+    wait_runs_settled(record, cluster)
     record.refresh_from_db()
     assert record.status == ExportStatus.SUCCEEDED
     assert not Reservation.objects.filter(status__in=[ReservationStatus.ACTIVE, ReservationStatus.DISPATCHED]).exists()
