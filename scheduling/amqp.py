@@ -13,6 +13,9 @@ Words:
 - its **dead-letter queue** is the queue's name + ".dead": a message the queue's consumer rejects
   (`basic_nack(requeue=False)`) goes there through the default exchange, and stays for an operator
   (its reason is recorded in scheduling.DeadLetter).
+- its **waiting room** is the queue's name + ".later": a message put there with an expiration
+  goes to the queue when it expires (the copy of a message whose worker died, sent again once the
+  dead run's leases have expired: scheduling.rabbitmq_pusher).
 - to **publish** is to put a persistent message (delivery mode 2) in a queue and wait for the
   server's confirm: when `publish` returns the message is on disk (or replicated), else it raised.
 """

@@ -7,12 +7,12 @@ What it promises, against the ORM broker (at least once) and Redis (at most once
   hands a pool no more than it can run, and a message is acknowledged only when its task is over
   (its run's record was committed by the runner before the result reached the monitor);
 - a message that is not acknowledged goes again: at once when the pusher's connection dies (the
-  whole pool killed, its host gone: the server requeues it), at once when the worker running it
-  dies (each worker tells the pusher which delivery it took, from django-q2's `pre_execute`, and
-  the pusher watches that process; a copy goes FAIRSHARE["RABBITMQ_REDELIVER_AFTER_DEATH_S"]
-  later, through the queue's waiting room, when the leases the dead run held have expired, and the
-  pool gets its place back at once), and after the cluster's `retry` seconds when neither says anything (as the
-  ORM broker does); the handlers are idempotent (SPEC §4), so a second delivery changes nothing.
+  whole pool killed, its host gone: the server requeues it); when the worker running it dies, a
+  copy FAIRSHARE["RABBITMQ_REDELIVER_AFTER_DEATH_S"] later, once the dead run's leases have
+  expired, through the queue's waiting room, while the pool gets its place back at once (each
+  worker tells the pusher which delivery it took, from django-q2's `pre_execute`, and the pusher
+  watches that process); and after the cluster's `retry` seconds when nothing is heard of it (as
+  the ORM broker does). The handlers are idempotent (SPEC §4): a second delivery changes nothing.
   Without the worker's word, a SIGKILLed worker would hold one of the pool's prefetch places until
   `retry` (half an hour on the exports queue): a one-worker pool would stall;
 - a message that does not decode, or whose envelope names an unknown job or breaks the contract,
@@ -21,8 +21,8 @@ What it promises, against the ORM broker (at least once) and Redis (at most once
 Who acknowledges: django-q2's pusher process fetches (`dequeue`) and its monitor process, another
 process, acknowledges (`acknowledge`). An AMQP delivery can only be acknowledged on the channel
 that delivered it, so the monitor's acknowledgement is relayed to the pusher through a pipe the
-sentinel creates before it forks them (`ping`, which Sentinel.start calls first); a thread in the
-pusher hands it to the connection's own thread (`add_callback_threadsafe`, pika's one thread-safe
+sentinel creates before it forks them (`ping`, which Sentinel.start calls first;
+scheduling.rabbitmq_pusher); a thread in the pusher hands it to the connection's own thread (`add_callback_threadsafe`, pika's one thread-safe
 call). An acknowledgement names the channel it is for (`token:delivery tag`): one for a channel
 that has since died is dropped, its message has already gone back to the queue. The workers write
 to the same pipe which delivery they took ("take <id> <pid>").
