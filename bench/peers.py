@@ -18,7 +18,11 @@ Systems, each with two workers:
 - fairshare-chain: Fairshare's full chain, `scheduling.runtime.enqueue(job="scheduling.noop")` for
   budget_overhead's account (budget and cap never bind): a metered TaskRun, a slot, a charge;
 - fairshare-tenants: the same, the jobs alternating between two such accounts (not a goal: both
-  workers then write two accounts' rows, not one's).
+  workers then write two accounts' rows, not one's);
+- fairshare-chain-redis, fairshare-chain-rabbitmq: the full chain with the Redis broker
+  (FAIRSHARE_TEST_REDIS_URL, else local db 15) and the RabbitMQ broker (FAIRSHARE_TEST_RABBITMQ_URL,
+  else local guest; quorum queues of this run's own, deleted after each round). Their jobs left are
+  counted as N minus the runs succeeded (the broker's messages are not in the database).
 
 The peers are installed, pinned, into virtualenvs of their own under var/peers/ (`--venvs`; not the
 project's .venv), made on the first run and reused. Fairshare's paths run in the project's venv.
@@ -41,8 +45,8 @@ also samples what the system's database backends are doing (working, waiting for
 transaction holds, for the WAL's flush at commit, ...): the shares per round, and the statements
 seen waiting for a row lock most, in the log and the JSON.
 
-Goal printed (issue 27): Fairshare's full chain at or above Procrastinate's jobs/s, with no more
-machine CPU per job. Results: a table on stdout, JSON in bench/results/. Not part of .ci/run.
+Goals printed (issue 27): Fairshare's full chain at or above Procrastinate's jobs/s, with no more
+machine CPU per job; (issue 38) the chain on RabbitMQ at least 0.8x its jobs/s on the ORM broker. Results: a table on stdout, JSON in bench/results/. Not part of .ci/run.
 """
 from __future__ import annotations
 
@@ -72,6 +76,12 @@ PSYCOPG = "psycopg[binary]==3.3.9"  # the project's own
 PROCRASTINATE_REQUIREMENTS = ("procrastinate==3.10.0", PSYCOPG)
 DTDB_REQUIREMENTS = ("Django==5.2.19", "django-tasks==0.12.0", "django-tasks-db==0.13.0", PSYCOPG)
 POLL_S = 0.01
+# The brokers of the fairshare-chain-redis and -rabbitmq paths: the test suite's servers (scripts/test
+# starts them), else the local defaults; the RabbitMQ queues are this run's own, deleted after each round.
+REDIS_URL = os.environ.get("FAIRSHARE_TEST_REDIS_URL") or "redis://127.0.0.1:6379/15"
+RABBITMQ_URL = os.environ.get("FAIRSHARE_TEST_RABBITMQ_URL") or "amqp://guest:guest@127.0.0.1:5672/%2F"
+RABBITMQ_PREFIX = f"fairshare-peers-{os.getpid()}"
+BROKER_LABELS = {"redis": "Redis broker", "rabbitmq": "RabbitMQ broker, quorum queue"}
 STOP_TIMEOUT_S = 15
 INSTALL_TIMEOUT_S = 900
 SETUP_TIMEOUT_S = 600
@@ -217,6 +227,13 @@ class System:
     def start(self, db_url: str, log_dir: Path) -> list:
         raise NotImplementedError
 
+    def remaining(self, count, n: int) -> int:
+        """Jobs not finished yet (`count` runs a query on the round's database)."""
+        return count(self.remaining_sql)
+
+    def cleanup(self) -> None:
+        """After a round: anything the system left outside its database."""
+
 
 class Fairshare(System):
     """Fairshare's paths: the project's venv, one `manage.py qcluster` (2 workers, ORM broker, poll 0.1 s)."""
@@ -225,8 +242,11 @@ class Fairshare(System):
     remaining_sql = "SELECT count(*) FROM django_q_ormq WHERE key = 'default'"
     workers = "1 qcluster, 2 workers (ORM broker, poll 0.1 s)"
 
-    def __init__(self, path: str, label: str, leaves: str):
+    def __init__(self, path: str, label: str, leaves: str, broker: str = "orm"):
         self.key, self.label, self.leaves = f"fairshare-{path}", label, leaves
+        self.broker = broker
+        if broker != "orm":
+            self.workers = f"1 qcluster, 2 workers ({BROKER_LABELS[broker]})"
         if path in ("chain", "tenants"):  # what waits in the broker, and in the accounts' lines (every worker busy)
             self.remaining_sql = ("SELECT (SELECT count(*) FROM django_q_ormq WHERE key = 'default') + "
                                   "(SELECT count(*) FROM scheduling_deferredtask WHERE ref LIKE 'peers-%')")
@@ -242,15 +262,42 @@ class Fairshare(System):
         from importlib.metadata import version
         return [f"Django=={version('Django')}", f"django-q2=={version('django-q2')}", f"psycopg=={version('psycopg')}"]
 
+    def broker_env(self) -> dict[str, str]:
+        """What points a Fairshare process at this path's broker (the ORM broker: nothing)."""
+        if self.broker == "redis":
+            return {"REDIS_URL": REDIS_URL}
+        if self.broker == "rabbitmq":
+            return {"RABBITMQ_URL": RABBITMQ_URL, "FAIRSHARE_RABBITMQ_PREFIX": RABBITMQ_PREFIX}
+        return {}
+
     def child_env(self, db_url: str) -> dict[str, str]:
-        return {**os.environ, "PEERS_DATABASE_URL": db_url}
+        # Applied by the enqueue child after its harness set-up (which drops REDIS_URL for the ORM broker).
+        return {**os.environ, "PEERS_DATABASE_URL": db_url, "PEERS_FAIRSHARE_BROKER": json.dumps(self.broker_env())}
+
+    def remaining(self, count, n: int) -> int:
+        if self.broker == "orm":
+            return count(self.remaining_sql)
+        # Outside the database, a broker's messages: what is left is what has not succeeded yet.
+        return n - count(self.check_sql)
+
+    def cleanup(self) -> None:
+        if self.broker == "rabbitmq":
+            import pika
+
+            connection = pika.BlockingConnection(pika.URLParameters(RABBITMQ_URL))
+            channel = connection.channel()
+            for queue in ("default", "exports"):
+                for name in (f"{RABBITMQ_PREFIX}.{queue}", f"{RABBITMQ_PREFIX}.{queue}.dead",
+                             f"{RABBITMQ_PREFIX}.{queue}.later"):
+                    channel.queue_delete(name)
+            connection.close()
 
     def setup(self, db_url: str) -> None:  # migrate, and budget_overhead's account
         run_child([self.python(), str(ENQUEUE), "fairshare-setup", "0"], self.child_env(db_url), cwd=h.REPO,
                   timeout=SETUP_TIMEOUT_S, what="fairshare: migrate")
 
     def start(self, db_url: str, log_dir: Path) -> list:
-        env = h.cluster_env(workers=2, poll=0.1, DATABASE_URL=db_url)
+        env = h.cluster_env(workers=2, poll=0.1, DATABASE_URL=db_url, **self.broker_env())
         return [h.start_cluster(env, log_dir / f"{self.key}.log")]
 
 
@@ -317,6 +364,10 @@ SYSTEMS = {s.key: s for s in (
     Fairshare("recorded", 'Fairshare, TaskRun only ("recorded")', "a TaskRun"),
     Fairshare("chain", "Fairshare, full chain", "a metered TaskRun, slot, ledger charge"),
     Fairshare("tenants", "Fairshare, full chain, jobs of two accounts", "a metered TaskRun, slot, ledger charge"),
+    Fairshare("chain-redis", "Fairshare, full chain, Redis broker", "a metered TaskRun, slot, ledger charge",
+              broker="redis"),
+    Fairshare("chain-rabbitmq", "Fairshare, full chain, RabbitMQ broker", "a metered TaskRun, slot, ledger charge",
+              broker="rabbitmq"),
 )}
 
 
@@ -424,8 +475,8 @@ def measure(system: System, n: int, db_name: str, template: str, log_dir: Path, 
         count = lambda q: conn.execute(q).fetchone()[0]  # noqa: E731
         before = table_counts(conn)
         enqueue_s = system.enqueue(db_url, n)
-        if count(system.remaining_sql) != n:
-            raise RuntimeError(f"{system.key}: {count(system.remaining_sql)} jobs waiting after enqueueing {n}")
+        if system.remaining(count, n) != n:
+            raise RuntimeError(f"{system.key}: {system.remaining(count, n)} jobs waiting after enqueueing {n}")
         conn.execute("CHECKPOINT")  # no checkpoint of the enqueue's writes in the measured window
         procs = system.start(db_url, log_dir)
         try:
@@ -433,7 +484,7 @@ def measure(system: System, n: int, db_name: str, template: str, log_dir: Path, 
             first = None  # (time, jobs left, machine CPU s) at the first poll that saw a job finished
             activity = collections.Counter()
             while True:
-                left = count(system.remaining_sql)
+                left = system.remaining(count, n)
                 if waits and first is not None:
                     activity.update(conn.execute(ACTIVITY_SQL).fetchall())
                 now, cpu = time.perf_counter(), h.machine_cpu_seconds()
@@ -455,6 +506,7 @@ def measure(system: System, n: int, db_name: str, template: str, log_dir: Path, 
                 time.sleep(POLL_S)
         finally:
             h.processes.stop_all(procs, STOP_TIMEOUT_S)
+            system.cleanup()
         checked = count(system.check_sql)
         if checked != (n if system.check_equals_n else 0):
             raise RuntimeError(f"{system.key}: check {system.check_sql!r} gave {checked} for {n} jobs:\n{procs[0].tail(40)}")
@@ -590,6 +642,11 @@ def main(argv=None) -> int:
         goals["own_cpu"] = {"goal": "(the same with its processes' CPU, which other work cannot inflate)",
                             "value": chain["own_cpu_s_per_1000"] / proc["own_cpu_s_per_1000"],
                             "pass": chain["own_cpu_s_per_1000"] <= proc["own_cpu_s_per_1000"]}
+    if "fairshare-chain" in summary and "fairshare-chain-rabbitmq" in summary:
+        chain, rabbit = summary["fairshare-chain"], summary["fairshare-chain-rabbitmq"]
+        goals["rabbitmq_jobs_per_s"] = {"goal": "the full chain on RabbitMQ >= 0.8x its jobs/s on the ORM broker",
+                                        "value": rabbit["jobs_per_s"] / chain["jobs_per_s"],
+                                        "pass": rabbit["jobs_per_s"] >= 0.8 * chain["jobs_per_s"]}
     info["loadavg_end"] = list(os.getloadavg())
     results = {
         "benchmark": "peers",

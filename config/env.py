@@ -52,6 +52,9 @@ DB_STATEMENT_TIMEOUT = Setting(
         "`FAIRSHARE_DB_LOCK_TIMEOUT_S`")
 REDIS_URL = Setting(None, "REDIS_URL", "", shown_default="unset: django-q2's ORM broker",
                     sets='`Q_CLUSTER["redis"]`', doc="use the Redis broker")
+RABBITMQ_URL = Setting(None, "RABBITMQ_URL", "", shown_default="unset",
+                       sets='`RABBITMQ_URL`, `Q_CLUSTER["broker_class"]`',
+                       doc="use the RabbitMQ broker (`amqp://user:password@host:5672/vhost`; not with `REDIS_URL`)")
 TASK_TIMEOUT = Setting(None, "FAIRSHARE_TASK_TIMEOUT", 300, parse=int, unit="s",
                        sets='`Q_CLUSTER["timeout"]`',
                        doc="time limit of a task on the default queue (its `retry` is set 60 s above)")
@@ -123,7 +126,7 @@ PROXY_SSL_HEADER = Setting(None, "SECURE_PROXY_SSL_HEADER", "", shown_default="u
 
 VARIABLES = (
     VAR_DIR, DEBUG, SECRET_KEY, SECRET_KEY_FALLBACKS, ALLOWED_HOSTS, DATABASE_URL, DB_CONN_MAX_AGE,
-    DB_IDLE_IN_TRANSACTION_TIMEOUT, DB_LOCK_TIMEOUT, DB_STATEMENT_TIMEOUT, REDIS_URL,
+    DB_IDLE_IN_TRANSACTION_TIMEOUT, DB_LOCK_TIMEOUT, DB_STATEMENT_TIMEOUT, REDIS_URL, RABBITMQ_URL,
     TASK_TIMEOUT, WORKERS, POLL, EXPORT_TIMEOUT, EXPORT_RETRY, EXPORT_WORKERS,
     EXPORTS_S3_BUCKET, EXPORTS_S3_ENDPOINT_URL, EXPORTS_S3_REGION, EXPORTS_STORAGE_BACKEND, EXPORTS_ROOT,
     LOG_FORMAT, LOG_LEVEL, Q_LOG_LEVEL, EMAIL_BACKEND, EMAIL_FILE_PATH,

@@ -207,12 +207,21 @@ STORAGES = {
 # seconds even while it is still running (see docs/architecture.md; system check scheduling.E001).
 TASK_TIMEOUT_S = env.TASK_TIMEOUT.read()
 EXPORT_TIMEOUT_S = env.EXPORT_TIMEOUT.read()
-# Both check each message's signature against SECRET_KEY and SECRET_KEY_FALLBACKS (scheduling/signatures.py).
-_broker = (
-    {"redis": env.REDIS_URL.read(), "broker_class": "scheduling.signatures.VerifiedRedis"} if env.REDIS_URL.read()
+# The broker: the ORM by default, Redis with REDIS_URL, RabbitMQ with RABBITMQ_URL (README "Which
+# broker"). Unset here when unused: scheduling.amqp reads it. The ORM and Redis brokers check every
+# message's signature against SECRET_KEY and SECRET_KEY_FALLBACKS (scheduling/signatures.py).
+RABBITMQ_URL = env.RABBITMQ_URL.read()
+if RABBITMQ_URL and env.REDIS_URL.read():
+    raise ImproperlyConfigured("Set REDIS_URL or RABBITMQ_URL, not both: each names the broker of every queue.")
+if RABBITMQ_URL:
+    # Not signature-checked as the others: its consumer dead-letters a message this deployment's
+    # SECRET_KEY does not verify, with its reason (scheduling/rabbitmq_pusher.py).
+    _broker = {"broker_class": "scheduling.rabbitmq.RabbitMQ"}
+elif env.REDIS_URL.read():
+    _broker = {"redis": env.REDIS_URL.read(), "broker_class": "scheduling.signatures.VerifiedRedis"}
+else:
     # django-q2's ORM broker, first in first out (see scheduling/broker.py).
-    else {"orm": "default", "broker_class": "scheduling.signatures.VerifiedFifoORM"}
-)
+    _broker = {"orm": "default", "broker_class": "scheduling.signatures.VerifiedFifoORM"}
 Q_CLUSTER = {
     "name": "default",
     "workers": env.WORKERS.read(),
@@ -289,6 +298,10 @@ LOGGING = {
         # The Tasks framework logs every task's start and end at INFO; the runner's "task finished"
         # line already records each run (failures, logged at ERROR, still come through).
         "django_tasks": {"level": "WARNING"},
+        # pika (the RabbitMQ client) logs every connection and channel it opens or closes at INFO, and a
+        # lost connection at ERROR with a traceback: Fairshare logs each loss itself, once, as a warning
+        # with its error class, and reconnects (scheduling/amqp.py, scheduling/rabbitmq.py).
+        "pika": {"level": "CRITICAL"},
         "django.tasks": {"level": "WARNING"},
     },
 }

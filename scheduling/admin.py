@@ -11,7 +11,7 @@ from budgets.tenancy import ReadOnlyAdmin, accounts_visible_to, action_role
 from scheduling import clock
 from scheduling.actions import release_held
 from scheduling import admin_display
-from scheduling.models import DeferredTask, Pause, TaskRun, TaskRunDaily, WorkerHeartbeat
+from scheduling.models import DeadLetter, DeferredTask, Pause, TaskRun, TaskRunDaily, WorkerHeartbeat
 from scheduling.operator import message_results
 from scheduling.object_actions import ObjectActionsAdmin
 from scheduling.pausing import pause, resume
@@ -213,3 +213,16 @@ class PauseAdmin(ReadOnlyAdmin):
 
 
 from scheduling import q2_admin  # noqa: E402,F401  (replaces django-q2's own admin pages)
+
+
+@admin.register(DeadLetter)
+class DeadLetterAdmin(ReadOnlyAdmin):
+    """RabbitMQ messages nobody could honour, with why; the messages wait in their dead-letter queues
+    (scheduling.dead_letters). An account's members see those that named their account."""
+
+    list_display = ["first_seen_at", "queue", "reason", "account", "message_id", "body_bytes", "deliveries"]
+    list_filter = ["queue", "account"]
+    search_fields = ["message_id", "reason"]
+    list_select_related = ["account"]
+    show_full_result_count = False
+    paginator = CappedPaginator

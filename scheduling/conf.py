@@ -126,6 +126,17 @@ SETTINGS = (
     Setting("ENVELOPE_VERSION", "FAIRSHARE_ENVELOPE_VERSION", ENVELOPE_VERSION, parse=int,
             doc="the envelope version producers send (web, schedules, released work); pin the old one while "
                 "a rolling upgrade has workers that do not speak the new one yet (docs/deploy.md)"),
+    Setting("RABBITMQ_PREFIX", "FAIRSHARE_RABBITMQ_PREFIX", "fairshare",
+            doc="with `RABBITMQ_URL`: each queue's RabbitMQ queue is named this, a dot and the queue's name "
+                "(`fairshare.exports`), its dead letters the same and `.dead`"),
+    Setting("RABBITMQ_QUEUE_TYPE", "FAIRSHARE_RABBITMQ_QUEUE_TYPE", "auto",
+            doc="with `RABBITMQ_URL`: `quorum`, `classic` (durable either way) or `auto`: quorum queues on "
+                "RabbitMQ 3.8 and later"),
+    Setting("RABBITMQ_REDELIVER_AFTER_DEATH_S", "FAIRSHARE_RABBITMQ_REDELIVER_AFTER_DEATH_S", 130.0, parse=float,
+            unit="s", doc="with `RABBITMQ_URL`: the message of a worker that died running it goes again this long "
+                          "after its death, once the leases its run held have expired (the export lease, 120 s; the "
+                          "reservation's, 60 s) so the redelivery takes the work over; the pool gets another "
+                          "message meanwhile"),
     Setting("DJANGO_Q_RETENTION_DAYS", "FAIRSHARE_DJANGO_Q_RETENTION_DAYS", 7, parse=int, unit="days",
             doc="maintenance deletes django-q2's own task rows (failures) older than this"),
 )

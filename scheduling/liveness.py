@@ -42,7 +42,9 @@ def _sent_at(payload) -> dt.datetime | None:
 
 def _oldest_sent(queue: str, broker) -> tuple[dt.datetime | None, dt.datetime | None]:
     """When the oldest message in `queue` was sent, and the oldest no cluster has fetched yet
-    (ORM and Redis brokers; a Redis message leaves the list when it is fetched)."""
+    (ORM and Redis brokers; a Redis message leaves the list when it is fetched). RabbitMQ has no
+    look at a queue's head that takes nothing (a get would redeliver it): none, so on RabbitMQ only
+    the pools' own verdict (scheduling.stuck) calls a queue stalled."""
     if isinstance(broker, ORM):  # also the FifoORM subclass configured in settings
         messages = OrmQ.objects.filter(key=queue).order_by("id").values_list("payload", flat=True)
         oldest = messages.first()

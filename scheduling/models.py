@@ -320,3 +320,22 @@ class Pause(models.Model):
         if self.account_id is None:
             return f"queue {self.queue}"
         return f"account {self.account}" + (f" on {self.queue}" if self.queue else "")
+
+
+class DeadLetter(models.Model):
+    """A RabbitMQ message nobody can honour (scheduling.dead_letters): its reason, for an operator.
+    The message itself waits in its queue's dead-letter queue (scheduling.amqp)."""
+
+    key = models.CharField(max_length=200, unique=True, help_text="queue and message id (or body digest)")
+    queue = models.CharField(max_length=200)
+    reason = models.TextField()
+    message_id = models.CharField(max_length=200, blank=True)
+    account = models.ForeignKey("budgets.Account", null=True, blank=True, on_delete=models.SET_NULL, related_name="+")
+    body = models.TextField(blank=True, help_text="the start of the body, redacted")
+    body_bytes = models.PositiveIntegerField(default=0)
+    deliveries = models.PositiveIntegerField(default=1)
+    first_seen_at = models.DateTimeField(auto_now_add=True)
+    last_seen_at = models.DateTimeField(auto_now=True)
+
+    def __str__(self) -> str:
+        return f"{self.queue}: {self.reason[:60]}"

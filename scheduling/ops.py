@@ -10,7 +10,7 @@ from budgets.models import Queue
 from scheduling import clock, monitoring
 from scheduling.liveness import queue_health, queue_problem
 from scheduling.holding import LINE_ORDER
-from scheduling.models import Backlog, DeferredTask, Outcome, TaskRun, TaskRunDaily
+from scheduling.models import Backlog, DeadLetter, DeferredTask, Outcome, TaskRun, TaskRunDaily
 from scheduling.waits import held_counts
 
 # Counter family suffix -> (the TaskRun / TaskRunDaily field it sums, help text).
@@ -114,3 +114,13 @@ def workers_doing_work() -> dict[str, str | None]:
     except Exception as exc:
         return {q: f"unknown ({type(exc).__name__})" for q in Queue.values}
     return {h.queue: queue_problem(h) for h in health}
+
+
+@monitoring.metrics
+def dead_letter_metrics():
+    # One row per dead message (scheduling.dead_letters): few, grouped by queue.
+    dead = CounterMetricFamily("fairshare_dead_letters", "RabbitMQ messages dead-lettered with a reason, by queue",
+                               labels=["queue"])
+    for queue, n in DeadLetter.objects.values_list("queue").annotate(n=Count("pk")).order_by("queue"):
+        dead.add_metric([queue], n)
+    yield dead

@@ -65,14 +65,16 @@ def worker_env(*, without: Iterable[str] = (), **overrides: str) -> dict[str, st
 class Cluster:
     """A `manage.py qcluster` of one queue in its own session, logging to `log_path`."""
 
-    def __init__(self, queue: str, env: dict[str, str], log_path: Path):
+    def __init__(self, queue: str, env: dict[str, str], log_path: Path, *, command: str = "qcluster"):
+        # `command`: another long-running manage.py command started and stopped the same way (the
+        # RabbitMQ door's consumer, `door`).
         if queue != "default":
             env = {**env, "Q_CLUSTER_NAME": queue}
         self.queue = queue
         self.log_path = log_path
         self._log = open(log_path, "wb")
         self.proc = subprocess.Popen(
-            [sys.executable, "manage.py", "qcluster"], cwd=settings.BASE_DIR, env=env,
+            [sys.executable, "manage.py", command], cwd=settings.BASE_DIR, env=env,
             stdout=self._log, stderr=subprocess.STDOUT, start_new_session=True,
         )
 

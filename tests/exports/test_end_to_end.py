@@ -21,8 +21,9 @@ def _event(account, day: int, hour: int, **kw):
 
 
 @pytest.mark.parametrize(
-    ("broker", "export_store"), [("orm", "local"), ("redis", "local"), ("orm", "s3"), ("redis", "s3")],
-    indirect=True, ids=["orm-local", "redis-local", "orm-s3", "redis-s3"])
+    ("broker", "export_store"),
+    [("orm", "local"), ("redis", "local"), ("rabbitmq", "local"), ("orm", "s3"), ("redis", "s3")],
+    indirect=True, ids=["orm-local", "redis-local", "rabbitmq-local", "orm-s3", "redis-s3"])
 def test_export_runs_through_a_real_worker_and_downloads_exactly_the_accounts_range(
     account, other_account, owner, start_cluster, broker, export_store,
 ):

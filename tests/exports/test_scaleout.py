@@ -58,7 +58,7 @@ def _accounts_with_owners(count: int):
     return owners
 
 
-@pytest.mark.parametrize("broker", ["redis"], indirect=True)
+@pytest.mark.parametrize("broker", ["redis", "rabbitmq"], indirect=True)
 def test_two_clusters_per_queue_survive_losing_one_and_keep_budgets_caps_and_schedules(
     broker, export_store: LocalStore, mail_dir, start_cluster,
 ):
