@@ -16,7 +16,8 @@ broker). In the budget middleware, around every account's run: ``after_settle`` 
 slot freed, the run's outcome not yet recorded); in budgets' settlement, ``after_pass_on`` (the
 slot passed on to a held job claimed for this worker and admitted, not yet started). In the runtime: ``before_handoff`` (a held job
 claimed for this worker, by a hand-off or a pull, with its slot taken; not yet admitted), and
-``before_send`` (in the producer: the enqueue gates admitted the job, its message is not sent yet).
+``before_send`` (in the producer: the enqueue gates admitted the job, its message is not sent yet). In
+the worker pool: ``taken_not_started`` (a worker received its task from its sentinel, not started yet).
 """
 import os
 import signal
@@ -27,7 +28,8 @@ from scheduling.testing import FAULT, FAULT_MARKER, FAULT_RESUME
 PAUSE_MAX_S = 60
 
 POINTS = frozenset({"before_claim", "after_claim", "mid_stream", "after_publish", "before_notify", "after_complete",
-                    "after_settle", "after_pass_on", "before_handoff", "before_send"})
+                    "after_settle", "after_pass_on", "before_handoff", "before_send",
+                    "taken_not_started"})
 
 
 def fault_point(name: str) -> None:

@@ -1,0 +1,303 @@
+"""A worker pool in which a worker's death never stops the others: each django-q2 worker takes its
+tasks over a channel of its own.
+
+Why. django-q2's sentinel gives all the workers of a pool one `multiprocessing.Queue`, whose readers
+share a lock: an idle worker waits in `get()` holding it. SIGKILLed there (the OOM killer, an
+operator's `kill -9`, a crash in a C extension), it never gives it back, and every other worker of
+the pool, the one started in its place too, waits on it forever (docs/architecture.md "Running
+workers in production"). The same holds, in narrower windows, for the result queue (its writers
+share a lock: a worker killed while handing in a result) and for a worker's timer, whose lock the
+sentinel's guard loop takes every cycle (a worker killed while holding it stops the guard, and with
+it every replacement). A task a killed worker had taken and not started was lost with it.
+
+The design. `ChannelSentinel`, a subclass of django-q2's Sentinel; django-q2's worker, pusher and
+monitor run unchanged:
+- each worker gets a duplex pipe that no other process reads or writes (`WorkerChannel`), passed to
+  django-q2's `worker()` as both its task queue and its result queue. Through it the worker says
+  it is ready, receives one task, says when it starts it (django-q2's `pre_execute`, before the
+  task runs anything), and hands in the result;
+- the pusher fills the pool's queue from the broker as before, and the sentinel is now its only
+  reader: its hand-out thread takes a task only for a worker that said it is ready, and sends it;
+- its listening thread forwards the results to the monitor (the sentinel is the result queue's
+  only writer) and sees a worker die the moment it dies (the process's exit). A task sent to the
+  dead worker and not started goes to the next ready worker, first: it ran nowhere, so it is
+  neither lost nor run twice. A task it had started is its run's own affair (the run's slot is
+  reclaimed, as before). Killed in the few milliseconds between saying "started" and its run's
+  admission, a job's slot stays dispatched: the dispatch lease re-holds it (the last resort);
+- a worker's timer has a lock (`TimerLock`) the sentinel stops waiting for once its worker is dead.
+A killed worker therefore costs its pool that worker for one guard cycle (django-q2 starts another
+within `guard_cycle`, 0.5 s) and never the others. Nothing here knows the broker: the pusher is
+untouched, so it holds for the ORM broker, Redis and any other.
+
+Why not replace the shared queue when a worker dies: every other worker reads that queue too, so
+all of them (running tasks included) would have to be replaced with it, and what the dead worker
+left in it (a half-read message) could not be told apart from the rest. Why not a lock the kernel
+frees with its holder (flock): a worker killed half-way through reading a task still leaves the
+stream broken, and the task it had read is lost without anyone knowing.
+
+What it costs: two threads in the sentinel and a hop through it for each task and each result (a
+few tens of microseconds). The sentinel forks replacement workers while those threads run; they
+take no lock a child needs (`_close_in_child` runs in every child first).
+
+The stall check stays as the backstop for what nobody foresaw (scheduling.stuck: a pool whose idle
+workers watch work wait for FAIRSHARE["QUEUE_STALL_AFTER_S"] is reported, and ends itself after
+FAIRSHARE["STALLED_POOL_EXIT_AFTER_S"]): it reads the waiting count of the pool's queue through
+`WorkerChannel.size`.
+
+The seam: django-q2's `Cluster.start` looks the sentinel class up in `django_q.cluster`'s globals;
+`install()` (scheduling.apps) names ChannelSentinel there. On a django-q2 upgrade, check that
+`Sentinel.spawn_worker`/`spawn_pusher`/`spawn_process` and `worker()`'s use of `task_queue.get` and
+`result_queue.put` are unchanged; tests/scheduling/test_pool.py kills the real thing. Linux (fork).
+"""
+import collections
+import logging
+import multiprocessing
+import os
+import queue
+import threading
+from multiprocessing.connection import wait
+
+from django_q import cluster
+from django_q.queues import Queue
+from django_q.signals import pre_execute
+from django_q.worker import worker
+
+from scheduling.faults import fault_point
+
+logger = logging.getLogger("fairshare.pool")
+READY, STARTED, RESULT, STOP = "ready", "started", "result", "STOP"  # STOP: django-q2's own pill
+# A task handed on this many times after its worker died before starting it is dropped (logged): a
+# task that kills every worker it reaches must not go round the pool for ever. Its message is the
+# broker's, and its slot the dispatch lease's, as for any lost message.
+MAX_HANDED_ON = 3
+HANDED_ON = "fairshare_handed_on"  # the count, in the task (django-q2 stores only its own keys)
+HAND_OUT_POLL_S = 0.1  # how long a task handed on waits at most for the hand-out thread to look
+TIMER_LOCK_LOOK_S = 0.1  # the guard waits for a worker's timer lock in these steps, looking whether it died
+
+
+class WorkerChannel:
+    """One worker's own pipe to its sentinel, given to django-q2's `worker()` as its task queue
+    (`get`) and its result queue (`put`). `size` is the pool queue's waiting count (scheduling.stuck)."""
+
+    def __init__(self, waiting):
+        self.pool_end, self.worker_end = multiprocessing.Pipe(duplex=True)
+        self.size = waiting
+        self.process: multiprocessing.Process | None = None  # (sentinel side, from here down)
+        self.held = None  # the task sent to the worker and not started yet
+        self.dead = False
+        self._hooked = False
+
+    def get(self):
+        """In the worker: ask for the next task and wait for it."""
+        if not self._hooked:
+            self._hooked = True
+            pre_execute.connect(self._started, weak=False, dispatch_uid="fairshare.pool.started")
+        self.worker_end.send(READY)
+        task = self.worker_end.recv()
+        if task != STOP:
+            fault_point("taken_not_started")
+        return task
+
+    def put(self, task) -> None:
+        """In the worker: hand in a finished task."""
+        self.worker_end.send((RESULT, task))
+
+    def _started(self, sender, **kwargs) -> None:
+        self.worker_end.send(STARTED)
+
+
+class TimerLock:
+    """The lock of a worker's timer (django-q2's `Value("f")`). The worker holds it while it hands in
+    a result; the sentinel's guard takes it every cycle, and here stops waiting for it once the
+    worker is dead (nobody is left to race). Nested (an RLock): the guard reads the timer under it."""
+
+    def __init__(self):
+        self._lock = multiprocessing.RLock()
+        self._sentinel_pid = os.getpid()
+        self.process: multiprocessing.Process | None = None  # the worker, once started
+        self._entries: list[bool] = []  # sentinel side: whether each nested entry holds the lock
+
+    def acquire(self, block: bool = True, timeout: float | None = None) -> bool:
+        if os.getpid() != self._sentinel_pid or self.process is None:
+            return self._lock.acquire(block, timeout)
+        held = self._lock.acquire(False)
+        while not held and self.process.is_alive():
+            held = self._lock.acquire(True, TIMER_LOCK_LOOK_S)
+        self._entries.append(held)
+        return True
+
+    def release(self) -> None:
+        if os.getpid() != self._sentinel_pid or self.process is None:
+            self._lock.release()
+        elif self._entries.pop():
+            self._lock.release()
+
+    def __enter__(self) -> bool:
+        return self.acquire()
+
+    def __exit__(self, *exc) -> None:
+        self.release()
+
+
+Q2_SENTINEL = cluster.Sentinel
+
+
+class ChannelSentinel(Q2_SENTINEL):
+    """django-q2's sentinel, whose workers take tasks over channels of their own (module docstring)."""
+
+    def __init__(self, *args, **kwargs):
+        # Django-q2's __init__ starts the pool and guards it until it stops: set up first.
+        self._lock = threading.Lock()  # channels' `held` and `dead`, `_channels`, `_returned`
+        self._channels: dict[int, WorkerChannel] = {}  # by worker pid
+        self._idle: queue.SimpleQueue[WorkerChannel] = queue.SimpleQueue()  # workers that said READY
+        self._returned: collections.deque = collections.deque()  # tasks of dead workers, not started
+        self._spawning: WorkerChannel | None = None
+        self._wake_listener, self._wake = multiprocessing.Pipe(duplex=False)
+        os.register_at_fork(after_in_child=self._close_in_child)
+        super().__init__(*args, **kwargs)
+
+    def spawn_cluster(self):
+        # The pusher fills `_intake` (bounded, as django-q2's queue: its prefetch); only the hand-out
+        # thread reads it. `task_queue` keeps what django-q2's stop() does with it (the workers' STOP
+        # pills, then close): the hand-out thread gives each worker its STOP itself once the pusher
+        # stopped, after everything the pool had taken.
+        self._intake, self.task_queue = self.task_queue, Queue()
+        super().spawn_cluster()
+        logger.info("pool workers take their tasks over channels of their own (scheduling.pool)")
+        for name, target in (("hand-out", self._hand_out), ("listener", self._listen)):
+            threading.Thread(target=self._running(name, target), name=f"fairshare-pool-{name}", daemon=True).start()
+
+    def spawn_pusher(self):
+        return self.spawn_process(cluster.pusher, self._intake, self.event_out, self.broker)
+
+    def spawn_worker(self):
+        channel = WorkerChannel(self._intake.size)
+        timer = multiprocessing.Value("f", -1, lock=TimerLock())
+        self._spawning = channel
+        try:
+            process = self.spawn_process(worker, channel, channel, timer, self.timeout)
+        finally:
+            self._spawning = None
+        channel.worker_end.close()  # the worker's alone: its death closes the pipe
+        channel.process = timer.get_lock().process = process
+        with self._lock:
+            self._channels[process.pid] = channel
+        self._wake.send_bytes(b"")
+
+    def _close_in_child(self) -> None:
+        """In every process forked from the sentinel: keep only the child's own end, if it is a
+        worker. (Connection.close is idempotent: a grandchild closing them again does nothing.)"""
+        for channel in list(self._channels.values()):
+            channel.pool_end.close()
+        if self._spawning is not None:
+            self._spawning.pool_end.close()
+        self._wake_listener.close()
+        self._wake.close()
+
+    @staticmethod
+    def _running(name: str, loop):
+        def run() -> None:
+            try:
+                loop()
+            except Exception:  # the backstop ends a pool that no longer hands out (scheduling.stuck)
+                logger.critical("the pool's %s thread stopped; its workers get no more work", name, exc_info=True)
+        return run
+
+    # --- The hand-out thread --------------------------------------------------------------------
+
+    def _hand_out(self) -> None:
+        task = None
+        while True:
+            channel = self._idle.get()  # a worker that waits for its next task
+            while task is None:
+                task = self._next_task()
+            if self._send(channel, task):
+                task = None  # else it died meanwhile: the task goes to the next ready worker
+
+    def _next_task(self):
+        """A task a dead worker had not started, else the pusher's next; STOP once the pool stops
+        with nothing left in it. None after HAND_OUT_POLL_S without either."""
+        with self._lock:
+            if self._returned:
+                return self._returned.popleft()
+        try:
+            return self._intake.get(timeout=HAND_OUT_POLL_S)
+        except queue.Empty:
+            stopped = self.event_out.is_set() and wait([self.pusher.sentinel], 0)
+            return STOP if stopped else None
+
+    def _send(self, channel: WorkerChannel, task) -> bool:
+        # Under the lock: the listener must not bury this worker between the check and `held`.
+        with self._lock:
+            if channel.dead:
+                return False
+            try:
+                channel.pool_end.send(task)
+            except OSError:
+                return False
+            channel.held = None if task == STOP else task
+        return True
+
+    # --- The listening thread -------------------------------------------------------------------
+
+    def _listen(self) -> None:
+        while True:
+            with self._lock:
+                watched = {self._wake_listener: None}
+                for channel in self._channels.values():
+                    watched[channel.pool_end] = watched[channel.process.sentinel] = channel
+            for ready in wait(list(watched)):
+                channel = watched[ready]
+                if channel is None:
+                    self._wake_listener.recv_bytes()  # a new worker: watch it too
+                elif channel.dead:
+                    continue
+                elif ready == channel.process.sentinel or not self._read(channel):
+                    self._bury(channel)
+
+    def _read(self, channel: WorkerChannel) -> bool:
+        """Take in everything the worker said; False when its end is gone (it died)."""
+        try:
+            while channel.pool_end.poll():
+                message = channel.pool_end.recv()
+                if message == READY:
+                    self._idle.put(channel)
+                elif message == STARTED:
+                    with self._lock:
+                        channel.held = None
+                else:
+                    self.result_queue.put(message[1])
+        except (EOFError, OSError):
+            return False
+        return True
+
+    def _bury(self, channel: WorkerChannel) -> None:
+        """A worker died: what it said before dying counts (its "started"), then its task, if it had
+        not started it, goes to the next ready worker."""
+        if channel.dead:
+            return
+        self._read(channel)
+        with self._lock:
+            channel.dead = True
+            task, channel.held = channel.held, None
+            self._channels.pop(channel.process.pid, None)
+        channel.pool_end.close()
+        if task is None:
+            logger.debug("pool worker %s ended holding no task", channel.process.pid)
+            return
+        task[HANDED_ON] = task.get(HANDED_ON, 0) + 1
+        if task[HANDED_ON] > MAX_HANDED_ON:
+            logger.error("task %s dropped: %d workers died with it before starting it", task.get("name"), MAX_HANDED_ON)
+            return
+        with self._lock:
+            self._returned.appendleft(task)
+        logger.warning("pool worker %s died before starting task %s; it goes to the next ready worker",
+                       channel.process.pid, task.get("name"))
+
+
+def install() -> None:
+    """Have django-q2's Cluster start a ChannelSentinel (see the module docstring for the seam)."""
+    if cluster.Sentinel not in (ChannelSentinel, Q2_SENTINEL):
+        raise RuntimeError(f"django_q.cluster.Sentinel is {cluster.Sentinel!r}, not django-q2's: "
+                           "scheduling.pool would replace someone else's")
+    cluster.Sentinel = ChannelSentinel
