@@ -269,6 +269,8 @@ def report(results: dict) -> None:
         ("killed running: run recorded lost", c["killed_running_run_lost"]),
         ("  of which ran again (broker redelivery)", c["killed_running_ran_again"]),
         ("lost (never ran)", len(c["lost"])), ("succeeded twice", len(c["succeeded_twice"])),
+        ("  of which the worker was killed between the run's end and the ack", sum(
+            w["first_run_ended_s_before_its_worker_was_killed"] is not None for w in c["succeeded_twice_why"])),
         ("ledger CPU ms / recorded", f"{c['ledger_cpu_ms']} / {c['recorded_cpu_ms']}"),
         ("ledger runs / recorded", f"{c['ledger_runs']} / {c['recorded_runs']}"),
         ("CPU ms left reserved, slots left", f"{c['reserved_ms_left']}, {c['slots_left']}"),

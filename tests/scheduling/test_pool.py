@@ -7,9 +7,11 @@ new work starts within 10 s of it (printed); in the end every job ran once (a jo
 killed running it has that run recorded lost, and runs again only if the broker delivers it again),
 and the usage ledger equals what the runs recorded.
 """
+import multiprocessing
 import os
 import signal
 import socket
+import threading
 from pathlib import Path
 
 import pytest
@@ -20,10 +22,11 @@ from budgets import clock
 from budgets.models import Budget, Reservation, ReservationStatus, UsageDay
 from budgets.reclaim import reclaim_expired
 from scheduling.models import Outcome, TaskRun, WorkerHeartbeat
+from scheduling.pool import TimerLock
 from scheduling.runtime import enqueue
 from tests.conftest import wait_for
 
-pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.processes]
+pytestmark = pytest.mark.django_db(transaction=True)
 
 POOL = {"FAIRSHARE_WORKERS": "2", "FAIRSHARE_RESERVATION_LEASE": "3", "FAIRSHARE_RESERVATION_HEARTBEAT": "0.5",
         "FAIRSHARE_WORKER_HEARTBEAT": "1", "FAIRSHARE_RELEASE_POLL": "0.2"}
@@ -78,6 +81,7 @@ def settled_runs() -> bool:
         status=ReservationStatus.RECLAIMED).exists()
 
 
+@pytest.mark.processes
 def test_killed_workers_never_stall_their_pool(account, broker, start_cluster, tmp_path, settings):
     # A job whose message is lost would wait for its dispatch lease: short here, so that the check
     # below would see such a job again (and call it run twice, or lost, if it were).
@@ -127,3 +131,45 @@ def test_killed_workers_never_stall_their_pool(account, broker, start_cluster, t
     usage = UsageDay.objects.get(account=account, queue="default", day=clock.budget_day())
     assert (usage.cpu_used_ms, usage.runs, usage.cpu_reserved_ms) == (
         charged.aggregate(cpu=Sum("cpu_ms"))["cpu"], charged.count(), 0)
+
+
+def _hold_and_die(lock, held) -> None:
+    lock.acquire()
+    held.set()
+    os.kill(os.getpid(), signal.SIGKILL)
+
+
+def test_the_guard_stops_waiting_for_a_timer_lock_its_dead_worker_held():
+    """A worker killed while holding its timer's lock (handing in a result) must not stop its
+    sentinel's guard loop, which takes that lock every cycle: once the worker is dead, the guard
+    goes on without it."""
+    ctx = multiprocessing.get_context("fork")
+    lock, held = TimerLock(), ctx.Event()
+    child = ctx.Process(target=_hold_and_die, args=(lock, held))
+    child.start()
+    assert held.wait(30)
+    child.join(30)
+    lock.process = child
+    guard = threading.Thread(target=lambda: [lock.acquire(), lock.acquire(), lock.release(), lock.release()])
+    guard.start()
+    guard.join(30)
+    assert not guard.is_alive(), "the guard waits for a dead worker's lock"
+
+
+def test_the_guard_waits_for_a_timer_lock_its_live_worker_holds():
+    ctx = multiprocessing.get_context("fork")
+    lock, held, done = TimerLock(), ctx.Event(), ctx.Event()
+    child = ctx.Process(target=lambda: (lock.acquire(), held.set(), done.wait(30), lock.release()))
+    child.start()
+    try:
+        assert held.wait(30)
+        lock.process = child
+        got = threading.Event()
+        guard = threading.Thread(target=lambda: (lock.acquire(), got.set(), lock.release()), daemon=True)
+        guard.start()
+        assert not got.wait(0.5)  # the worker lives and holds it: the guard waits
+        done.set()
+        assert got.wait(30)
+    finally:
+        done.set()
+        child.join(30)
