@@ -173,3 +173,21 @@ def test_the_guard_waits_for_a_timer_lock_its_live_worker_holds():
     finally:
         done.set()
         child.join(30)
+
+
+@pytest.mark.processes
+def test_a_graceful_stop_runs_what_the_pool_took_and_ends(account, start_cluster):
+    """SIGTERM to the main PID: the pool finishes the tasks it had taken (its workers get their
+    stop only after them), and every process ends by itself."""
+    Budget.objects.create(account=account, queue="default", cpu_seconds_per_day=100_000, max_concurrent=4)
+    cluster = start_cluster("default", **POOL)
+    two_idle_workers(cluster)
+    refs = [f"300/stop-{i}" for i in range(4)]
+    for ref in refs:
+        enqueue(job="tests.sleep", account=account.pk, ref=ref)
+    wait_for(lambda: TaskRun.objects.filter(outcome=Outcome.RUNNING).exists(), timeout=30, message="work to start")
+    cluster.terminate()
+    assert cluster.proc.wait(60) == 0, cluster.tail(40)
+    assert "has stopped" in cluster.log()
+    runs = TaskRun.objects.filter(account=account, outcome=Outcome.SUCCEEDED)
+    assert sorted(runs.values_list("ref", flat=True)) == refs
