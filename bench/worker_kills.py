@@ -245,7 +245,7 @@ def run(args, work: Path) -> dict:
     h.log("kills done; waiting for every job to end")
     drained = drain(args, supervisor, flow)
     supervisor.stop()
-    handed_on = sum(path.read_text(errors="replace").count("died before starting task") for path in logs)
+    handed_on = sum(path.read_text(errors="replace").count("it goes to the next ready worker") for path in logs)
     results = measure(kills, flow, account.pk)
     results["checks"]["drained"] = drained
     results["checks"]["ok"] = results["checks"]["ok"] and drained
@@ -259,7 +259,7 @@ def report(results: dict) -> None:
         ("broker", results["broker"]), ("hand-off runs per message (0: off)", results["handoff_max_runs"]),
         ("soak seconds", results["soak_s"]),
         ("SIGKILLs (busy / idle workers)", f"{results['kills']} ({results['busy_kills']} / {results['idle_kills']})"),
-        ("tasks a dead worker had taken, handed to the next", results["tasks_handed_on"]),
+        ("tasks a dead worker had not run, handed to the next", results["tasks_handed_on"]),
         ("longest wait for a start after a kill (s)", results["longest_wait_after_kill_s"]),
         ("median / p95 wait after a kill (s)", f"{h.fmt(results['p50_wait_after_kill_s'], '.3f')} / "
                                                f"{h.fmt(results['p95_wait_after_kill_s'], '.3f')}"),

@@ -17,7 +17,8 @@ slot freed, the run's outcome not yet recorded); in budgets' settlement, ``after
 slot passed on to a held job claimed for this worker and admitted, not yet started). In the runtime: ``before_handoff`` (a held job
 claimed for this worker, by a hand-off or a pull, with its slot taken; not yet admitted), and
 ``before_send`` (in the producer: the enqueue gates admitted the job, its message is not sent yet). In
-the worker pool: ``taken_not_started`` (a worker received its task from its sentinel, not started yet).
+the worker pool: ``taken_not_started`` (a worker received its task from its sentinel, not started yet), and
+``before_run`` (the task started in its worker, its run not admitted nor recorded yet).
 """
 import os
 import signal
@@ -29,7 +30,7 @@ PAUSE_MAX_S = 60
 
 POINTS = frozenset({"before_claim", "after_claim", "mid_stream", "after_publish", "before_notify", "after_complete",
                     "after_settle", "after_pass_on", "before_handoff", "before_send",
-                    "taken_not_started"})
+                    "taken_not_started", "before_run"})
 
 
 def fault_point(name: str) -> None:

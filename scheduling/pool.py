@@ -1,53 +1,42 @@
 """A worker pool in which a worker's death never stops the others: each django-q2 worker takes its
 tasks over a channel of its own.
 
-Why. django-q2's sentinel gives all the workers of a pool one `multiprocessing.Queue`, whose readers
-share a lock: an idle worker waits in `get()` holding it. SIGKILLed there (the OOM killer, an
-operator's `kill -9`, a crash in a C extension), it never gives it back, and every other worker of
-the pool, the one started in its place too, waits on it forever (docs/architecture.md "Running
-workers in production"). The same holds, in narrower windows, for the result queue (its writers
-share a lock: a worker killed while handing in a result) and for a worker's timer, whose lock the
-sentinel's guard loop takes every cycle (a worker killed while holding it stops the guard, and with
-it every replacement). A task a killed worker had taken and not started was lost with it.
+Why. django-q2's workers read one shared `multiprocessing.Queue` whose readers share a lock: an idle
+worker waits in `get()` holding it, and SIGKILLed there (the OOM killer, `kill -9`, a crash in a C
+extension) it never gives it back: every other worker of the pool waits forever. The result queue's
+write lock and each worker's timer lock (taken by the sentinel's guard every cycle) have the same
+flaw in narrower windows, and a task a killed worker had taken was lost with it.
 
-The design. `ChannelSentinel`, a subclass of django-q2's Sentinel; django-q2's worker, pusher and
-monitor run unchanged:
-- each worker gets a duplex pipe that no other process reads or writes (`WorkerChannel`), passed to
-  django-q2's `worker()` as both its task queue and its result queue. Through it the worker says
-  it is ready, receives one task, says when it starts it (django-q2's `pre_execute`, before the
-  task runs anything), and hands in the result;
-- the pusher fills the pool's queue from the broker as before, and the sentinel is now its only
-  reader: its hand-out thread takes a task only for a worker that said it is ready, and sends it;
-- its listening thread forwards the results to the monitor (the sentinel is the result queue's
-  only writer) and sees a worker die the moment it dies (the process's exit). A task sent to the
-  dead worker and not started goes to the next ready worker, first: it ran nowhere, so it is
-  neither lost nor run twice. A task it had started is its run's own affair (the run's slot is
-  reclaimed, as before). Killed in the few milliseconds between saying "started" and its run's
-  admission, a job's slot stays dispatched: the dispatch lease re-holds it (the last resort);
-- a worker's timer has a lock (`TimerLock`) the sentinel stops waiting for once its worker is dead.
-A killed worker therefore costs its pool that worker for one guard cycle (django-q2 starts another
-within `guard_cycle`, 0.5 s) and never the others. Nothing here knows the broker: the pusher is
-untouched, so it holds for the ORM broker, Redis and any other.
+The design: `ChannelSentinel`, a subclass of django-q2's Sentinel (its worker, pusher and monitor
+run unchanged).
+- Each worker has a duplex pipe no other process reads or writes (`WorkerChannel`), given to
+  django-q2's `worker()` as its task queue and its result queue: the worker says it is ready,
+  receives one task, says when it starts it (`pre_execute`, before the task runs anything) and
+  hands in the result.
+- The pusher fills the pool's queue from the broker as before; the sentinel is its only reader (a
+  hand-out thread sends a task only to a worker that said it is ready) and the result queue's only
+  writer (a listening thread forwards the results to the monitor).
+- The listening thread sees a worker die the moment it dies. A task sent to it and not started
+  goes to the next ready worker first: it ran nowhere. A task it started and did not hand in is
+  judged by the durable truth once its last statements reached the database (`CHECK_AFTER_S`): no
+  run of its envelope recorded by that worker (admission records the run with its slot) means it
+  was killed before anything happened, and it goes on too, to take over its still dispatched slot;
+  a recorded run is that run's affair (its slot is reclaimed, as before). So it is neither lost nor
+  run twice; the reconciler and the dispatch lease stay the last resort.
+- A worker's timer lock (`TimerLock`) is one the guard stops waiting for once its worker is dead.
+A killed worker costs its pool that worker for one guard cycle (django-q2 starts another within
+0.5 s), never the others, on any broker (the pusher is untouched). The alternatives and the cost:
+docs/architecture.md "Running workers in production". The sentinel forks replacement workers while
+its threads run; they hold no lock a child needs (`_close_in_child` runs in every child first).
 
-Why not replace the shared queue when a worker dies: every other worker reads that queue too, so
-all of them (running tasks included) would have to be replaced with it, and what the dead worker
-left in it (a half-read message) could not be told apart from the rest. Why not a lock the kernel
-frees with its holder (flock): a worker killed half-way through reading a task still leaves the
-stream broken, and the task it had read is lost without anyone knowing.
+The backstop for what nobody foresaw stays (scheduling.stuck): a pool whose idle workers see work
+wait in its queue (`WorkerChannel.size`) for FAIRSHARE["QUEUE_STALL_AFTER_S"] is reported, and ends
+itself after FAIRSHARE["STALLED_POOL_EXIT_AFTER_S"].
 
-What it costs: two threads in the sentinel and a hop through it for each task and each result (a
-few tens of microseconds). The sentinel forks replacement workers while those threads run; they
-take no lock a child needs (`_close_in_child` runs in every child first).
-
-The stall check stays as the backstop for what nobody foresaw (scheduling.stuck: a pool whose idle
-workers watch work wait for FAIRSHARE["QUEUE_STALL_AFTER_S"] is reported, and ends itself after
-FAIRSHARE["STALLED_POOL_EXIT_AFTER_S"]): it reads the waiting count of the pool's queue through
-`WorkerChannel.size`.
-
-The seam: django-q2's `Cluster.start` looks the sentinel class up in `django_q.cluster`'s globals;
-`install()` (scheduling.apps) names ChannelSentinel there. On a django-q2 upgrade, check that
-`Sentinel.spawn_worker`/`spawn_pusher`/`spawn_process` and `worker()`'s use of `task_queue.get` and
-`result_queue.put` are unchanged; tests/scheduling/test_pool.py kills the real thing. Linux (fork).
+The seam: django-q2's `Cluster.start` looks its sentinel class up in `django_q.cluster`'s globals;
+`install()` (scheduling.apps) names ChannelSentinel there. On a django-q2 upgrade, check
+`Sentinel.spawn_worker`/`spawn_pusher`/`spawn_process`/`stop` and `worker()`'s use of
+`task_queue.get` and `result_queue.put`; tests/scheduling/test_pool.py kills the real thing. Linux.
 """
 import collections
 import logging
@@ -55,14 +44,20 @@ import multiprocessing
 import os
 import queue
 import threading
+import time
 from multiprocessing.connection import wait
+
+from django.db import connection
 
 from django_q import cluster
 from django_q.queues import Queue
 from django_q.signals import pre_execute
 from django_q.worker import worker
 
+from scheduling.broker import RUNNER
 from scheduling.faults import fault_point
+from scheduling.models import TaskRun
+from scheduling.services import worker_id
 
 logger = logging.getLogger("fairshare.pool")
 READY, STARTED, RESULT, STOP = "ready", "started", "result", "STOP"  # STOP: django-q2's own pill
@@ -72,6 +67,9 @@ READY, STARTED, RESULT, STOP = "ready", "started", "result", "STOP"  # STOP: dja
 MAX_HANDED_ON = 3
 HANDED_ON = "fairshare_handed_on"  # the count, in the task (django-q2 stores only its own keys)
 HAND_OUT_POLL_S = 0.1  # how long a task handed on waits at most for the hand-out thread to look
+# A dead worker's last statements (a COMMIT written just before the kill) reach the server within
+# this long: only then do the tables say whether its run was recorded.
+CHECK_AFTER_S = 1.0
 TIMER_LOCK_LOOK_S = 0.1  # the guard waits for a worker's timer lock in these steps, looking whether it died
 
 
@@ -84,6 +82,7 @@ class WorkerChannel:
         self.size = waiting
         self.process: multiprocessing.Process | None = None  # (sentinel side, from here down)
         self.held = None  # the task sent to the worker and not started yet
+        self.running = None  # the task it started and has not handed in
         self.dead = False
         self._hooked = False
 
@@ -264,35 +263,64 @@ class ChannelSentinel(Q2_SENTINEL):
                     self._idle.put(channel)
                 elif message == STARTED:
                     with self._lock:
-                        channel.held = None
+                        channel.running, channel.held = channel.held, None
                 else:
+                    channel.running = None
                     self.result_queue.put(message[1])
         except (EOFError, OSError):
             return False
         return True
 
     def _bury(self, channel: WorkerChannel) -> None:
-        """A worker died: what it said before dying counts (its "started"), then its task, if it had
-        not started it, goes to the next ready worker."""
+        """A worker died: what it said before dying counts (its "started", its result), then its
+        task, if it had not started it, goes to the next ready worker; if it had started it and not
+        handed it in, the tables decide (`_unless_recorded`)."""
         if channel.dead:
             return
         self._read(channel)
         with self._lock:
             channel.dead = True
             task, channel.held = channel.held, None
+            running, channel.running = channel.running, None
             self._channels.pop(channel.process.pid, None)
         channel.pool_end.close()
-        if task is None:
-            logger.debug("pool worker %s ended holding no task", channel.process.pid)
-            return
+        pid = channel.process.pid
+        if task is not None:
+            self._hand_on(task, f"pool worker {pid} died before starting task %s")
+        elif running is not None:
+            threading.Thread(target=self._running("run check", lambda: self._unless_recorded(running, pid)),
+                             name="fairshare-pool-run-check", daemon=True).start()
+        else:
+            logger.debug("pool worker %s ended holding no task", pid)
+
+    def _unless_recorded(self, task, pid: int) -> None:
+        time.sleep(CHECK_AFTER_S)
+        try:
+            recorded = run_recorded(task, worker=f"{worker_id().rsplit(':', 1)[0]}:{pid}")
+        finally:
+            connection.close()  # this thread's: no connection left open in the sentinel
+        if not recorded:
+            self._hand_on(task, f"pool worker {pid} died after starting task %s and before its run was recorded")
+
+    def _hand_on(self, task, why: str) -> None:
         task[HANDED_ON] = task.get(HANDED_ON, 0) + 1
         if task[HANDED_ON] > MAX_HANDED_ON:
-            logger.error("task %s dropped: %d workers died with it before starting it", task.get("name"), MAX_HANDED_ON)
+            logger.error("task %s dropped: %d workers died with it before its run", task.get("name"), MAX_HANDED_ON)
             return
         with self._lock:
             self._returned.appendleft(task)
-        logger.warning("pool worker %s died before starting task %s; it goes to the next ready worker",
-                       channel.process.pid, task.get("name"))
+        logger.warning(why + "; it goes to the next ready worker", task.get("name"))
+
+
+def run_recorded(task: dict, *, worker: str) -> bool:
+    """Whether `worker` recorded a run of the task's envelope (an admitted run is recorded with its
+    slot, in one transaction). A task that is not an envelope for the runner is not ours to judge:
+    True."""
+    args = task.get("args") or ()
+    message = args[0] if len(args) == 1 else None
+    if task.get("func") != RUNNER or not isinstance(message, dict) or "job" not in message or "ref" not in message:
+        return True
+    return TaskRun.objects.filter(job=message["job"], ref=str(message["ref"]), worker=worker).exists()
 
 
 def install() -> None:

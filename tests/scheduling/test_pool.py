@@ -133,6 +133,28 @@ def test_killed_workers_never_stall_their_pool(account, broker, start_cluster, t
         charged.aggregate(cpu=Sum("cpu_ms"))["cpu"], charged.count(), 0)
 
 
+@pytest.mark.processes
+def test_a_task_started_before_its_run_was_recorded_goes_to_the_next_worker(account, broker, start_cluster,
+                                                                          tmp_path):
+    """Killed after starting the task (django-q2's pre_execute) and before its run's admission: no
+    run of it is recorded, so the tables say it did nothing, and its sentinel hands it on; it runs
+    once, in time, on its still dispatched slot."""
+    Budget.objects.create(account=account, queue="default", cpu_seconds_per_day=100_000, max_concurrent=4)
+    marker = tmp_path / "before-run"
+    cluster = start_cluster("default", **POOL, **broker.env, FAIRSHARE_FAULT="before_run",
+                            FAIRSHARE_FAULT_MARKER=str(marker))
+    two_idle_workers(cluster)
+    enqueue(job="tests.sleep", account=account.pk, ref="100/before-run")
+    wait_for(lambda: TaskRun.objects.filter(ref="100/before-run", outcome=Outcome.SUCCEEDED).exists(),
+             timeout=STARTS_WITHIN_S, message=f"the task to run on the other worker; log:\n{cluster.tail(40)}")
+    assert marker.exists() and "before its run was recorded" in cluster.log()
+    wait_for(settled_runs, timeout=30, interval=0.5, message="its slot to be settled")
+    assert list(TaskRun.objects.filter(account=account).values_list("ref", "outcome")) == [
+        ("100/before-run", Outcome.SUCCEEDED)]
+    usage = UsageDay.objects.get(account=account, queue="default", day=clock.budget_day())
+    assert (usage.runs, usage.cpu_reserved_ms) == (1, 0)
+
+
 def _hold_and_die(lock, held) -> None:
     lock.acquire()
     held.set()
