@@ -21,8 +21,10 @@ run unchanged).
   judged by the durable truth once its last statements reached the database (`CHECK_AFTER_S`): no
   run of its envelope recorded by that worker (admission records the run with its slot) means it
   was killed before anything happened, and it goes on too, to take over its still dispatched slot;
-  a recorded run is that run's affair (its slot is reclaimed, as before). So it is neither lost nor
-  run twice; the reconciler and the dispatch lease stay the last resort.
+  a run that ended means it was killed before handing in the result, which the sentinel hands in
+  for it (else the ORM broker delivers the finished job again after `retry`); a run still running
+  was killed mid-way (its slot is reclaimed, as before). So it is neither lost nor run twice; the
+  reconciler and the dispatch lease stay the last resort.
 - A worker's timer lock (`TimerLock`) is one the guard stops waiting for once its worker is dead.
 A killed worker costs its pool that worker for one guard cycle (django-q2 starts another within
 0.5 s), never the others, on any broker (the pusher is untouched). The alternatives and the cost:
@@ -48,6 +50,7 @@ import time
 from multiprocessing.connection import wait
 
 from django.db import connection
+from django.utils import timezone
 
 from django_q import cluster
 from django_q.queues import Queue
@@ -56,7 +59,7 @@ from django_q.worker import worker
 
 from scheduling.broker import RUNNER
 from scheduling.faults import fault_point
-from scheduling.models import TaskRun
+from scheduling.models import Outcome, TaskRun
 from scheduling.services import worker_id
 
 logger = logging.getLogger("fairshare.pool")
@@ -274,7 +277,7 @@ class ChannelSentinel(Q2_SENTINEL):
     def _bury(self, channel: WorkerChannel) -> None:
         """A worker died: what it said before dying counts (its "started", its result), then its
         task, if it had not started it, goes to the next ready worker; if it had started it and not
-        handed it in, the tables decide (`_unless_recorded`)."""
+        handed it in, the tables decide (`_by_the_tables`)."""
         if channel.dead:
             return
         self._read(channel)
@@ -288,19 +291,25 @@ class ChannelSentinel(Q2_SENTINEL):
         if task is not None:
             self._hand_on(task, f"pool worker {pid} died before starting task %s")
         elif running is not None:
-            threading.Thread(target=self._running("run check", lambda: self._unless_recorded(running, pid)),
+            threading.Thread(target=self._running("run check", lambda: self._by_the_tables(running, pid)),
                              name="fairshare-pool-run-check", daemon=True).start()
         else:
             logger.debug("pool worker %s ended holding no task", pid)
 
-    def _unless_recorded(self, task, pid: int) -> None:
+    def _by_the_tables(self, task, pid: int) -> None:
         time.sleep(CHECK_AFTER_S)
         try:
-            recorded = run_recorded(task, worker=f"{worker_id().rsplit(':', 1)[0]}:{pid}")
+            outcomes = recorded_runs(task, worker=f"{worker_id().rsplit(':', 1)[0]}:{pid}")
         finally:
             connection.close()  # this thread's: no connection left open in the sentinel
-        if not recorded:
+        if outcomes is None or Outcome.RUNNING in outcomes:
+            return  # not an envelope of ours, or killed mid-run: its slot is reclaimed
+        if not outcomes:
             self._hand_on(task, f"pool worker {pid} died after starting task %s and before its run was recorded")
+            return
+        self.result_queue.put({**task, "result": None, "success": True, "stopped": timezone.now()})
+        logger.warning("pool worker %s died after its run of task %s ended: its result handed in for it",
+                       pid, task.get("name"))
 
     def _hand_on(self, task, why: str) -> None:
         task[HANDED_ON] = task.get(HANDED_ON, 0) + 1
@@ -312,15 +321,16 @@ class ChannelSentinel(Q2_SENTINEL):
         logger.warning(why + "; it goes to the next ready worker", task.get("name"))
 
 
-def run_recorded(task: dict, *, worker: str) -> bool:
-    """Whether `worker` recorded a run of the task's envelope (an admitted run is recorded with its
-    slot, in one transaction). A task that is not an envelope for the runner is not ours to judge:
-    True."""
+def recorded_runs(task: dict, *, worker: str) -> list[str] | None:
+    """The outcomes of the runs of the task's envelope that `worker` recorded (an admitted run is
+    recorded with its slot, in one transaction). None for a task that is not an envelope for the
+    runner: not ours to judge."""
     args = task.get("args") or ()
     message = args[0] if len(args) == 1 else None
     if task.get("func") != RUNNER or not isinstance(message, dict) or "job" not in message or "ref" not in message:
-        return True
-    return TaskRun.objects.filter(job=message["job"], ref=str(message["ref"]), worker=worker).exists()
+        return None
+    return list(TaskRun.objects.filter(job=message["job"], ref=str(message["ref"]), worker=worker)
+                .values_list("outcome", flat=True))
 
 
 def install() -> None:

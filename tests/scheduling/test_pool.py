@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 from django.db.models import Sum
 from django.utils import timezone
+from django_q.models import OrmQ
 
 from budgets import clock
 from budgets.models import Budget, Reservation, ReservationStatus, UsageDay
@@ -153,6 +154,24 @@ def test_a_task_started_before_its_run_was_recorded_goes_to_the_next_worker(acco
         ("100/before-run", Outcome.SUCCEEDED)]
     usage = UsageDay.objects.get(account=account, queue="default", day=clock.budget_day())
     assert (usage.runs, usage.cpu_reserved_ms) == (1, 0)
+
+
+@pytest.mark.processes
+def test_a_worker_killed_after_its_run_ended_has_its_result_handed_in(account, start_cluster, tmp_path):
+    """Killed after its run ended (settled, recorded) and before it handed in the result: its
+    sentinel hands the result in for it, so the ORM broker's message is acknowledged now and the
+    finished job is not delivered again after `retry`."""
+    Budget.objects.create(account=account, queue="default", cpu_seconds_per_day=100_000, max_concurrent=4)
+    marker = tmp_path / "after-settle"
+    cluster = start_cluster("default", **POOL, FAIRSHARE_FAULT="after_settle", FAIRSHARE_FAULT_MARKER=str(marker))
+    two_idle_workers(cluster)
+    enqueue(job="tests.sleep", account=account.pk, ref="100/after-settle")
+    wait_for(marker.exists, timeout=30, message=f"the worker to die after its run; log:\n{cluster.tail(40)}")
+    wait_for(lambda: not OrmQ.objects.exists(), timeout=STARTS_WITHIN_S,
+             message=f"the message to be acknowledged; log:\n{cluster.tail(40)}")
+    assert "its result handed in for it" in cluster.log()
+    assert list(TaskRun.objects.filter(account=account).values_list("ref", "outcome")) == [
+        ("100/after-settle", Outcome.SUCCEEDED)]
 
 
 def _hold_and_die(lock, held) -> None:
