@@ -5,7 +5,10 @@ starting it), an idle worker killed, then the other idle one (on django-q2's sha
 the two holds its read lock: the pool would stall), a busy one, and both at once. After each kill,
 new work starts within 10 s of it (printed); in the end every job ran once (a job whose worker was
 killed running it has that run recorded lost, and runs again only if the broker delivers it again),
-and the usage ledger equals what the runs recorded.
+and the usage ledger equals what the runs recorded. Then the two windows the tables decide: killed
+after starting a task and before its run's admission (handed on), and after its run ended and before
+handing in the result (handed in for it). And the pieces that must not hang: a timer lock held by a
+dead worker, and a graceful stop.
 """
 import multiprocessing
 import os
