@@ -187,7 +187,11 @@ def measure(kills: list[dict], flow: Flow, account_id: int) -> dict:
         "killed_running_ran_again": sum(Outcome.SUCCEEDED in runs[ref] for ref in killed_running),
         "lost": [ref for ref in flow.sent if ref not in runs],
         "succeeded_twice": [ref for ref in flow.sent if runs.get(ref, []).count(Outcome.SUCCEEDED) > 1],
-        "other_outcomes": sorted({o for outcomes in runs.values() for o in outcomes} - {Outcome.SUCCEEDED, Outcome.LOST}),
+        # (deferred: admission held the job, its account's 4 slots taken, some by runs killed
+        # mid-way until their reclaim; it ran later. skipped: with the hand-off, a claimed job whose
+        # claim expired and that was released to run elsewhere)
+        "other_outcomes": sorted({o for outcomes in runs.values() for o in outcomes}
+                                 - {Outcome.SUCCEEDED, Outcome.LOST, Outcome.DEFERRED, Outcome.SKIPPED}),
         "ledger_cpu_ms": usage.cpu_used_ms if usage else 0, "recorded_cpu_ms": charged.aggregate(s=Sum("cpu_ms"))["s"] or 0,
         "ledger_runs": usage.runs if usage else 0, "recorded_runs": charged.count(),
         "reserved_ms_left": usage.cpu_reserved_ms if usage else 0,
