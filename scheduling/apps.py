@@ -34,6 +34,11 @@ class SchedulingConfig(AppConfig):
         from scheduling.runtime import redact_failed_result
 
         post_spawn.connect(start_pulse, dispatch_uid="fairshare.pulse")
+        # Every pool's workers take their tasks over channels of their own: a killed worker never
+        # stalls the others (scheduling.pool).
+        from scheduling import pool
+
+        pool.install()
         post_execute_in_worker.connect(redact_failed_result, dispatch_uid="fairshare.redact_result")
 
         # Invariants between settings; `qcluster` runs them too (an Error stops it).

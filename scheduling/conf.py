@@ -110,8 +110,8 @@ SETTINGS = (
                 "cluster has fetched waited this long, no task of the queue started since it was sent and "
                 "none is running: its workers beat but do no work"),
     Setting("STALLED_POOL_EXIT_AFTER_S", "FAIRSHARE_STALLED_POOL_EXIT_AFTER_S", 180.0, parse=float, unit="s",
-            doc="a pool in which work has waited this long that no idle worker of it takes (its queue lock lost "
-                "with a killed worker) ends itself, every process SIGKILLed and the main PID first (a non-zero "
+            doc="a pool in which work has waited this long that no idle worker of it takes (what nobody foresaw: "
+                "a killed worker no longer does that, scheduling.pool) ends itself, every process SIGKILLed and the main PID first (a non-zero "
                 "exit), so that its supervisor starts it again; above `FAIRSHARE_QUEUE_STALL_AFTER_S`, so "
                 "`/healthz` has said so meanwhile; 0: never"),
     Setting("METRICS_TOKEN", "FAIRSHARE_METRICS_TOKEN", "", shown_default="unset",

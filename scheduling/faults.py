@@ -18,7 +18,9 @@ slot passed on to a held job claimed for this worker and admitted, not yet start
 claimed for this worker, by a hand-off or a pull, with its slot taken; not yet admitted), and
 ``before_send`` (in the producer: the enqueue gates admitted the job, its message is not sent yet). In the
 door's consumer (tasks/management/commands/door.py): ``door_before_ack`` (the call and its message
-id committed, the message not yet acknowledged).
+id committed, the message not yet acknowledged). In the worker pool: ``taken_not_started`` (a worker
+received its task from its sentinel, not started yet), and ``before_run`` (the task started in its
+worker, its run not admitted nor recorded yet).
 """
 import os
 import signal
@@ -29,7 +31,8 @@ from scheduling.testing import FAULT, FAULT_MARKER, FAULT_RESUME
 PAUSE_MAX_S = 60
 
 POINTS = frozenset({"before_claim", "after_claim", "mid_stream", "after_publish", "before_notify", "after_complete",
-                    "after_settle", "after_pass_on", "before_handoff", "before_send", "door_before_ack"})
+                    "after_settle", "after_pass_on", "before_handoff", "before_send", "door_before_ack",
+                    "taken_not_started", "before_run"})
 
 
 def fault_point(name: str) -> None:

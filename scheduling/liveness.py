@@ -1,9 +1,9 @@
 """Is each queue doing its work? Read by /healthz and /metrics.
 
 A worker's heartbeat is written by its pulse thread, which keeps running while the worker's main
-thread is stuck: after an idle worker is SIGKILLed while holding the pool's task-queue lock
-(django-q2 upstream issue, see docs/architecture.md "Running workers in production"), the
-reincarnated workers beat and never run a task. So a heartbeat only shows that a process exists;
+thread waits for work its pool no longer hands out (a killed worker does not do that any more,
+scheduling.pool; this is the backstop for what nobody foresaw, docs/architecture.md "Running
+workers in production"). So a heartbeat only shows that a process exists;
 that a pool works is shown by work started. A queue is **stalled** when either
 
 - a live worker reports that work has waited in its pool for longer than

@@ -164,6 +164,7 @@ def execute(message: Any) -> None:
     process, only once this returns) and in count (FAIRSHARE["HANDOFF_MAX_RUNS"]). A claim this
     worker does not get to run (it died) expires and the job is released again.
     """
+    fault_point("before_run")
     deadline, runs_left = time.monotonic() + _handoff_window_s(), settings.FAIRSHARE["HANDOFF_MAX_RUNS"]
 
     def room() -> bool:

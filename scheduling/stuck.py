@@ -2,16 +2,16 @@
 
 Words. A *pool* is one `qcluster`: its main process, its sentinel and the sentinel's children (the
 pusher, the monitor, the workers). Its *internal queue* is the multiprocessing queue the pusher
-fills from the broker and the workers read (django-q2's `task_queue`). A worker is *idle* between
-tasks (django-q2's `pre_execute` and `post_execute_in_worker` signals, sent in the worker).
+fills from the broker and the sentinel hands out from, one task to each worker that asks
+(scheduling.pool; `WorkerChannel.size` is its waiting count). A worker is *idle* between tasks
+(django-q2's `pre_execute` and `post_execute_in_worker` signals, sent in the worker).
 
 A pool is **stuck** when work has waited in its internal queue for a while and this worker, idle
-all along, has started none of it. In a working pool an idle worker takes waiting work at once: one
-idle worker waits on the queue's pipe holding the queue's read lock, the others wait for that lock,
-and whoever holds it takes the next task and lets go. An idle worker that sees work wait therefore
-knows the lock is held by a process that does not read: an idle worker SIGKILLed while it held it
-(django-q2's upstream queue-lock issue, docs/architecture.md "Running workers in production").
-The pulse threads keep writing heartbeats all the while, and nothing in the pool ever recovers.
+all along, has started none of it. In a working pool an idle worker is handed waiting work at once.
+An idle worker that sees work wait therefore knows its pool no longer hands work out: what nobody
+foresaw (a frozen sentinel, a failure in its hand-out; a killed worker is not one: scheduling.pool,
+docs/architecture.md "Running workers in production"). The pulse threads keep writing heartbeats
+all the while, and nothing in the pool recovers by itself: this is the backstop.
 
 Judged this way, by work not started inside the pool, the verdict does not depend on who fetched
 the message from the broker, nor on the broker: a pool busy with long tasks is busy (its workers
@@ -27,7 +27,7 @@ main process first (a non-zero exit: killed by a signal), then its sentinel and 
 it, itself last. A plain supervisor (systemd `Restart=always`, Kubernetes) starts it again; nothing
 is lost that a stuck pool was not already losing (the ORM broker delivers its fetched messages
 again after `retry`, the reconciler re-sends exports, dispatch leases give held work back).
-SIGTERM would not do: a stuck pool's sentinel waits forever for workers that never read its stop.
+SIGTERM would not do: a stuck pool's sentinel may never hand its workers their stop.
 
 Linux only (`/proc` names the pool's processes); elsewhere the pool is reported, not ended.
 """
