@@ -30,8 +30,12 @@ ROWS = 300
 @pytest.fixture
 def reconciler_mail(settings, mail_dir):
     """The reconciler runs in this process: its notices go where the workers' go, to be counted."""
-    settings.EMAIL_BACKEND = "django.core.mail.backends.filebased.EmailBackend"
-    settings.EMAIL_FILE_PATH = str(mail_dir)
+    backend = "django.core.mail.backends.filebased.EmailBackend"
+    if hasattr(settings, "MAILERS"):  # Django 6.1
+        settings.MAILERS = {"default": {"BACKEND": backend, "OPTIONS": {"file_path": str(mail_dir)}}}
+    else:
+        settings.EMAIL_BACKEND = backend
+        settings.EMAIL_FILE_PATH = str(mail_dir)
 
 
 def _die_at(point, *, broker, account, owner, start_exports, tmp_path):
