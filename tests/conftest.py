@@ -44,6 +44,16 @@ def pytest_configure(config):
     settings.SESSION_COOKIE_SECURE = settings.CSRF_COOKIE_SECURE = False
 
 
+def pytest_collection_modifyitems(config, items):
+    """A test with the Redis broker is `serial`: the broker fixture empties the one Redis database
+    the run has (FAIRSHARE_TEST_REDIS_URL), which a test beside it on another pytest-xdist worker
+    may be using."""
+    for item in items:
+        callspec = getattr(item, "callspec", None)
+        if callspec is not None and callspec.params.get("broker") == "redis":
+            item.add_marker(pytest.mark.serial)
+
+
 @pytest.fixture(autouse=True)
 def export_root(tmp_path, settings):
     """Each test publishes exports into its own folder (shared with any worker it starts)."""
