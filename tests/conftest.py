@@ -45,13 +45,14 @@ def pytest_configure(config):
 
 
 def pytest_collection_modifyitems(config, items):
-    """A test with the Redis broker is `serial`: the broker fixture empties the one Redis database
-    the run has (FAIRSHARE_TEST_REDIS_URL), which a test beside it on another pytest-xdist worker
-    may be using."""
+    """The tests on the Redis broker run one after another on one pytest-xdist worker (group
+    "redis"; `--dist loadgroup`), beside the others: the broker fixture empties the one Redis
+    database the run has (FAIRSHARE_TEST_REDIS_URL), which another Redis test may be using. The
+    rest (the ORM broker in each worker's own test database) shares nothing."""
     for item in items:
         callspec = getattr(item, "callspec", None)
         if callspec is not None and callspec.params.get("broker") == "redis":
-            item.add_marker(pytest.mark.serial)
+            item.add_marker(pytest.mark.xdist_group("redis"))
 
 
 @pytest.fixture(autouse=True)
