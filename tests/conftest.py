@@ -44,6 +44,7 @@ def pytest_configure(config):
     settings.SESSION_COOKIE_SECURE = settings.CSRF_COOKIE_SECURE = False
 
 
+@pytest.hookimpl(tryfirst=True)  # before pytest-xdist's own, which reads the groups
 def pytest_collection_modifyitems(config, items):
     """The tests on the Redis broker run one after another on one pytest-xdist worker (group
     "redis"; `--dist loadgroup`), beside the others: the broker fixture empties the one Redis
