@@ -44,16 +44,17 @@ def pytest_configure(config):
     settings.SESSION_COOKIE_SECURE = settings.CSRF_COOKIE_SECURE = False
 
 
-@pytest.hookimpl(tryfirst=True)  # before pytest-xdist's own, which reads the groups
+@pytest.hookimpl(tryfirst=True)  # before pytest's own `-m` selection reads the markers
 def pytest_collection_modifyitems(config, items):
-    """The tests on the Redis broker run one after another on one pytest-xdist worker (group
-    "redis"; `--dist loadgroup`), beside the others: the broker fixture empties the one Redis
-    database the run has (FAIRSHARE_TEST_REDIS_URL), which another Redis test may be using. The
-    rest (the ORM broker in each worker's own test database) shares nothing."""
+    """A test on the Redis broker is `serial` (scripts/test runs those one at a time, after the
+    parallel group): the broker fixture empties the one Redis database the run has
+    (FAIRSHARE_TEST_REDIS_URL), which a Redis test on another pytest-xdist worker may be using.
+    (Not an xdist_group with `--dist loadgroup`: with pytest 9.2 that groups nothing, silently,
+    pytest-dev/pytest-xdist#1386.)"""
     for item in items:
         callspec = getattr(item, "callspec", None)
         if callspec is not None and callspec.params.get("broker") == "redis":
-            item.add_marker(pytest.mark.xdist_group("redis"))
+            item.add_marker(pytest.mark.serial)
 
 
 @pytest.fixture(autouse=True)
