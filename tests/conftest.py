@@ -45,6 +45,19 @@ def pytest_configure(config):
     settings.SESSION_COOKIE_SECURE = settings.CSRF_COOKIE_SECURE = False
 
 
+@pytest.hookimpl(tryfirst=True)  # before pytest's own `-m` selection reads the markers
+def pytest_collection_modifyitems(config, items):
+    """A test on the Redis broker is `serial` (scripts/test runs those one at a time, after the
+    parallel group): the broker fixture empties the one Redis database the run has
+    (FAIRSHARE_TEST_REDIS_URL), which a Redis test on another pytest-xdist worker may be using.
+    (Not an xdist_group with `--dist loadgroup`: with pytest 9.2 that groups nothing, silently,
+    pytest-dev/pytest-xdist#1386.)"""
+    for item in items:
+        callspec = getattr(item, "callspec", None)
+        if callspec is not None and callspec.params.get("broker") == "redis":
+            item.add_marker(pytest.mark.serial)
+
+
 @pytest.fixture(autouse=True)
 def export_root(tmp_path, settings):
     """Each test publishes exports into its own folder (shared with any worker it starts)."""

@@ -2,12 +2,14 @@
 runs, leaves nothing running, and the README's commands work beside it in another terminal."""
 import json
 import os
+import platform
 import re
 import shlex
 import shutil
 import signal
 import socket
 import subprocess
+import sys
 import tempfile
 import threading
 import time
@@ -47,7 +49,9 @@ def demo_env(var_dir: Path, port: int) -> dict[str, str]:
         if k not in {"DATABASE_URL", "REDIS_URL", "Q_CLUSTER_NAME", "DJANGO_SETTINGS_MODULE", "SECRET_KEY", "DEBUG"}
         and not k.startswith("FAIRSHARE_")
     }
-    env.update(FAIRSHARE_VAR_DIR=str(var_dir), PORT=str(port), DEMO_ROWS="300")
+    # The demo runs on this test's Python, and so on its Django line (scripts/test runs the smoke on
+    # both): this venv's python, which scripts/lib.sh ensure_venv maps back to this venv.
+    env.update(FAIRSHARE_VAR_DIR=str(var_dir), PORT=str(port), DEMO_ROWS="300", FAIRSHARE_PYTHON=sys.executable)
     return env
 
 
@@ -115,6 +119,8 @@ def test_demo_smoke_runs_an_export_on_its_embedded_postgresql_keeps_it_and_stops
     returncode, output = run_demo_smoke(var_dir, port)
 
     assert returncode == 0, output
+    # Its first line says which Python (and so which Django line) it runs.
+    assert output.splitlines()[0].startswith(f"[fairshare] Python {platform.python_version()} "), output
     assert f"http://127.0.0.1:{port}/admin/" in output
     assert "Login:  admin / fairshare-demo" in output
     assert "smoke: OK" in output

@@ -17,8 +17,10 @@ def run_without_redis(tmp_path, **env: str) -> subprocess.CompletedProcess:
     # The probe's folder borrows the suite's fixtures; it needs no database, so it creates none.
     (tmp_path / "conftest.py").write_text("from tests.conftest import broker, pytest_configure  # noqa: F401\n")
     (tmp_path / "test_probe.py").write_text(PROBE)
+    # Not a pytest-xdist worker of this run, either: a run of its own.
     environ = {k: v for k, v in os.environ.items()
-               if k not in ("FAIRSHARE_TEST_REDIS_URL", "FAIRSHARE_TEST_RABBITMQ_URL", "CI")}
+               if k not in ("FAIRSHARE_TEST_REDIS_URL", "FAIRSHARE_TEST_RABBITMQ_URL", "CI")
+               and not k.startswith("PYTEST_XDIST_")}
     return subprocess.run(
         [sys.executable, "-m", "pytest", "-c", str(REPO / "pyproject.toml"), "--rootdir", str(REPO),
          "-p", "no:cacheprovider", "-q", "-rs", str(tmp_path / "test_probe.py")],

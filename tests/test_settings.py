@@ -5,6 +5,7 @@ import re
 import subprocess
 import sys
 
+import django
 import pytest
 from django.conf import settings
 from django.core.exceptions import ImproperlyConfigured
@@ -119,10 +120,21 @@ def warnings_named(done: subprocess.CompletedProcess) -> set[str]:
     return set(re.findall(r"\((security\.W\d{3})\)", done.stdout + done.stderr))
 
 
-def test_check_deploy_is_clean_with_only_debug_unset_and_a_strong_secret_key():
-    done = check_deploy(production_env())
+# A deployment names its mail server (docs/deploy.md); the default, the console backend, sends nothing.
+SMTP = {env.EMAIL_BACKEND.env: "django.core.mail.backends.smtp.EmailBackend"}
+
+
+def test_check_deploy_is_clean_with_only_debug_unset_a_strong_secret_key_and_a_mail_server():
+    done = check_deploy(production_env(**SMTP))
     assert done.returncode == 0, done.stdout + done.stderr
     assert "System check identified no issues" in done.stdout
+
+
+@pytest.mark.skipif(django.VERSION < (6, 1), reason="Django 6.1's MAILERS brought this check")
+def test_check_deploy_on_django_6_1_says_the_console_mail_backend_sends_nothing():
+    done = check_deploy(production_env())
+    assert done.returncode == 1
+    assert "(mail.E001) Your MAILERS setting uses a development-only email backend" in done.stderr, done.stderr
 
 
 def test_each_https_part_can_be_turned_off_and_django_then_names_it():

@@ -1,7 +1,6 @@
 """Settlement survives a dropped database connection, and a run that cannot settle is charged
 what it recorded: "settlement charges exactly the run's recorded CPU" (SPEC §4)."""
 import datetime as dt
-import time
 
 import pytest
 from django.db import connection
@@ -104,7 +103,9 @@ def test_a_worker_killed_after_settling_leaves_a_complete_record_of_what_was_cha
     # Its worker has been silent for longer than the heartbeat age (1 s here): the sweep has
     # nothing to mark.
     settings.FAIRSHARE = {**settings.FAIRSHARE, "HEALTH_HEARTBEAT_MAX_AGE_S": 1}
-    time.sleep(1.5)
+    wait_for(lambda: not WorkerHeartbeat.objects.filter(
+        worker=run.worker, seen_at__gte=timezone.now() - dt.timedelta(seconds=1)).exists(),
+        timeout=30, message="the killed worker's heartbeat to be older than 1 s")
     assert task_runs_sweep_lost() == 0
     run.refresh_from_db()
     assert (run.outcome, run.cpu_ms) == (Outcome.SUCCEEDED, day.cpu_used_ms)

@@ -56,10 +56,21 @@ def test_dates_near_the_calendars_ends_are_400_not_an_overflow(account, owner, e
     pytest.param('{"start": ' + "1" * 5000 + ".5}", id="5000-digit-float"),
     pytest.param('{"start": NaN}', id="nan"),
     pytest.param("[" * 5000 + "]" * 5000, id="deep-list"),
-    pytest.param('{"a":' * 2000 + "1" + "}" * 2000, id="deep-object"),
 ])
 def test_huge_numbers_and_deep_nesting_are_400(account, owner, body):
     _assert_refused(_post(owner, body), 400, "malformed_json")
+
+
+def test_an_object_nested_deeply_is_400(account, owner):
+    """Python 3.11's json parser gives up on 2,000 levels (malformed JSON); 3.13's parses them, and
+    the one field the body has is not one of the request's."""
+    body = '{"a":' * 2000 + "1" + "}" * 2000
+    try:
+        json.loads(body)
+        expected = "unknown_fields"
+    except RecursionError:
+        expected = "malformed_json"
+    _assert_refused(_post(owner, body), 400, expected)
 
 
 def test_a_huge_body_is_413(account, owner):

@@ -10,6 +10,7 @@ import pytest
 from django.core import mail
 
 from budgets.models import Reservation, ReservationStatus
+from config.mail import mail_to_folder
 from budgets.reclaim import reclaim_expired
 from exports.maintenance import reconcile_exports
 from exports.models import AttemptOutcome, ExportStatus
@@ -30,8 +31,7 @@ ROWS = 300
 @pytest.fixture
 def reconciler_mail(settings, mail_dir):
     """The reconciler runs in this process: its notices go where the workers' go, to be counted."""
-    settings.EMAIL_BACKEND = "django.core.mail.backends.filebased.EmailBackend"
-    settings.EMAIL_FILE_PATH = str(mail_dir)
+    mail_to_folder(settings, mail_dir)
 
 
 def _die_at(point, *, broker, account, owner, start_exports, tmp_path):

@@ -1,6 +1,9 @@
 """The one process control for qcluster workers (tests, bench/ and rehearse): what a worker is
 given, so that it works on the same database as the process that started it."""
+import os
+
 import dj_database_url
+import pytest
 from django.db import connection
 
 from scheduling import processes
@@ -27,3 +30,20 @@ def test_a_workers_environment_is_this_processs_with_its_queue_left_to_the_clust
     assert "Q_CLUSTER_NAME" not in env and "REDIS_URL" not in env
     assert env["FAIRSHARE_SOMETHING"] == "inherited" and env["FAIRSHARE_POLL"] == "0.1"
     assert env["DATABASE_URL"] == processes.database_url()
+
+
+@pytest.mark.django_db
+def test_a_worker_started_by_a_test_uses_that_tests_database_also_beside_other_pytest_xdist_workers(monkeypatch):
+    """pytest-django gives each xdist worker its own test database (test_<name>_gw0, _gw1, ...);
+    the DATABASE_URL in the environment names the base database, so a worker must not take it from
+    there: its URL names the database this test runs in."""
+    monkeypatch.setenv("DATABASE_URL", "postgres://postgres@127.0.0.1:5432/the-base-database")
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT current_database()")
+        (current,) = cursor.fetchone()
+
+    env = processes.worker_env()
+
+    assert dj_database_url.parse(env["DATABASE_URL"])["NAME"] == current
+    if worker := os.environ.get("PYTEST_XDIST_WORKER"):
+        assert current.endswith(f"_{worker}")

@@ -284,6 +284,15 @@ def test_a_real_worker_records_unusable_messages_as_rejected_runs_and_stores_no_
     assert TaskRun.objects.count() == 3, diagnosis()
 
 
+def cluster_connections_idle() -> bool:
+    """Other sessions on this test's database are open, and none is running a statement."""
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT count(*), count(*) FILTER (WHERE state <> 'idle') FROM pg_stat_activity "
+                       "WHERE datname = current_database() AND pid <> pg_backend_pid()")
+        sessions, busy = cursor.fetchone()
+    return sessions > 0 and busy == 0
+
+
 @pytest.mark.processes
 @pytest.mark.django_db(transaction=True)
 def test_a_worker_whose_idle_database_connections_died_runs_its_next_task_normally(account, start_cluster):
@@ -293,7 +302,8 @@ def test_a_worker_whose_idle_database_connections_died_runs_its_next_task_normal
     enqueue(job="tests.noop", account=account.pk, ref="before")
     wait_for(lambda: TaskRun.objects.filter(ref="before", outcome=Outcome.SUCCEEDED).exists(), timeout=60,
              message=f"the first task; worker log:\n{cluster.log()}")
-    time.sleep(0.5)  # the worker, pusher and monitor are idle, their connections kept open
+    # The worker, pusher and monitor go idle, their connections kept open.
+    wait_for(cluster_connections_idle, timeout=30, message="the cluster's connections to be idle")
     with connection.cursor() as cursor:
         cursor.execute("SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
                        "WHERE datname = current_database() AND pid <> pg_backend_pid()")

@@ -178,7 +178,12 @@ def test_get_result_and_refresh_read_the_stored_call(account):
         TaskResultStatus.SUCCESSFUL, 42, 1, now)
 
 
-@pytest.mark.parametrize("result_id", [str(uuid.uuid4()), "123", "", "not-a-uuid" * 10])
+# A fixed UUID that names no call: parameters must be the same in every pytest-xdist worker, which
+# collects the tests on its own.
+MISSING_ID = "0d6f3e39-4f7e-4a5b-9a55-3c8c1b0f6a2e"
+
+
+@pytest.mark.parametrize("result_id", [MISSING_ID, "123", "", "not-a-uuid" * 10])
 def test_get_result_of_a_missing_or_malformed_id_says_it_does_not_exist(result_id):
     with pytest.raises(TaskResultDoesNotExist):
         default_task_backend.get_result(result_id)
@@ -186,7 +191,7 @@ def test_get_result_of_a_missing_or_malformed_id_says_it_does_not_exist(result_i
         f.noop.get_result(result_id)
 
 
-@pytest.mark.parametrize("result_id", [str(uuid.uuid4()), "123"])
+@pytest.mark.parametrize("result_id", [MISSING_ID, "123"])
 def test_aget_result_of_a_missing_or_malformed_id_says_it_does_not_exist(result_id, close_async_connections):
     async def read():
         await default_task_backend.aget_result(result_id)
