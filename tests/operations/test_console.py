@@ -73,7 +73,11 @@ def test_the_throughput_panel_switches_its_range_and_is_served_as_json(client, r
     client.force_login(root)
     with django_assert_max_num_queries(8):
         data = client.get(reverse("ops-dashboard-panel", args=["throughput"]), {"range": range_, "format": "json"}).json()
-    assert data["range"] == range_ and len(data["labels"]) == len(data["succeeded"]) == len(data["failed"]) == buckets
+    # "recent" starts at the first run, so its column count depends on where the first run falls in
+    # a 30-minute column: one more when it falls late in one (the clock of the run, not the code).
+    widths = {buckets, buckets + 1} if range_ == "recent" else {buckets}
+    assert data["range"] == range_ and len(data["labels"]) == len(data["succeeded"]) == len(data["failed"])
+    assert len(data["labels"]) in widths
     expected = {"1h": 12, "24h": 200, "recent": 200, "14d": 200 + 13 * 20}[range_]
     assert data["total"] == sum(data["succeeded"]) + sum(data["failed"]) == expected
     fragment = client.get(reverse("ops-dashboard-panel", args=["throughput"]), {"range": range_}).content.decode()
