@@ -19,7 +19,7 @@ from exports.requests import BUILD_JOB, export_request
 from scheduling.models import DeadLetter, DeferredTask, Outcome, TaskRun
 from scheduling.processes import ClusterError
 from scheduling.runtime import send
-from scheduling.servers import RABBITMQ_SERVER, PrivateRabbitMQ
+from scheduling.rabbitmq_server import RABBITMQ_SERVER, PrivateRabbitMQ
 from tests.conftest import rabbitmq_broker
 from tests.exports.support import RANGE, add_events, notifications, stored_files, wait_logged
 from tests.services import needs_service
