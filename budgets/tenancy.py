@@ -7,6 +7,7 @@ change lists and object URLs (another account's object is a 404, like a missing 
 and many-to-many choices (so a submitted id of another account fails form validation), account
 list filters, action querysets, and add/change/delete permissions by role.
 """
+import dataclasses
 import functools
 
 from django.contrib import admin, messages
@@ -164,9 +165,17 @@ class AccountScopedAdmin(admin.ModelAdmin):
     def has_delete_permission(self, request, obj=None):
         return super().has_delete_permission(request, obj) and self.has_role(request, self.write_role, obj)
 
-    def get_actions(self, request):
-        return {name: (self._role_checked(func), name, description)
-                for name, (func, name, description) in super().get_actions(request).items()}
+    def get_actions(self, request, action_location=None):
+        """Every action role-checked. Django 6.1 gives `Action` objects for a location (its default
+        when None), 5.2 LTS (func, name, description) tuples."""
+        actions = super().get_actions(request, *(() if action_location is None else (action_location,)))
+        return {name: self._role_checked_action(action) for name, action in actions.items()}
+
+    def _role_checked_action(self, action):
+        if isinstance(action, tuple):
+            func, name, description = action
+            return self._role_checked(func), name, description
+        return dataclasses.replace(action, func=self._role_checked(action.func))
 
     def _role_checked(self, func):
         """Run the action on the selected records whose account the user holds its role in
@@ -184,6 +193,12 @@ class AccountScopedAdmin(admin.ModelAdmin):
                     return None
             return func(modeladmin, request, allowed)
         return action
+
+
+def action_parts(action) -> tuple:
+    """(func, name, description) of one of get_actions()'s values: an `Action` on Django 6.1, a
+    tuple on 5.2 LTS."""
+    return action if isinstance(action, tuple) else (action.func, action.name, action.description)
 
 
 class ReadOnlyAdmin(AccountScopedAdmin):

@@ -12,6 +12,8 @@ from django.contrib.admin.utils import model_format_dict, quote, unquote
 from django.http import Http404, HttpResponseNotAllowed, HttpResponseRedirect
 from django.urls import path, reverse
 
+from budgets.tenancy import action_parts
+
 # Deleting has its own link on the page, with Django's confirmation.
 NOT_A_BUTTON = {"delete_selected"}
 
@@ -36,7 +38,7 @@ class ObjectActionsAdmin(admin.ModelAdmin):
     def object_actions(self, request, obj) -> list[tuple[str, str]]:
         """(name, words) of the list's actions this user may run that apply to `obj` now."""
         return [(name, getattr(func, "button", None) or str(description) % model_format_dict(self.opts))
-                for name, (func, _, description) in self.get_actions(request).items()
+                for name, (func, _, description) in ((n, action_parts(a)) for n, a in self.get_actions(request).items())
                 if name not in NOT_A_BUTTON and self.object_action_applies(obj, name)]
 
     def object_action_applies(self, obj, name: str) -> bool:
@@ -55,7 +57,7 @@ class ObjectActionsAdmin(admin.ModelAdmin):
         actions = self.get_actions(request)
         if obj is None or action not in actions or action in NOT_A_BUTTON:
             raise Http404("No such record or action.")
-        func = actions[action][0]
+        func = action_parts(actions[action])[0]
         response = func(self, request, self.get_queryset(request).filter(pk=obj.pk))
         if response is not None:
             return response
