@@ -203,10 +203,12 @@ def test_the_three_signals_are_sent(account, budget, workers, signal_log):
     cluster = workers()
     finished(ok, cluster)
     finished(failing, cluster)
-    lines = set(signal_log.read_text().splitlines())  # written by the worker that ran them
-    assert {f"started {ok.id} RUNNING FairshareBackend", f"finished {ok.id} SUCCESSFUL FairshareBackend",
-            f"started {failing.id} RUNNING FairshareBackend",
-            f"finished {failing.id} FAILED FairshareBackend"} <= lines
+    expected = {f"started {ok.id} RUNNING FairshareBackend", f"finished {ok.id} SUCCESSFUL FairshareBackend",
+                f"started {failing.id} RUNNING FairshareBackend", f"finished {failing.id} FAILED FairshareBackend"}
+    # Written by the worker that ran them, just after it stored the call's state (which `finished` saw):
+    # the last line may come a moment later.
+    wait_for(lambda: expected <= set(signal_log.read_text().splitlines()), timeout=WAIT_S,
+             message=f"the four signal lines in {signal_log}:\n{cluster.tail(30)}")
 
 
 def test_an_account_at_its_cap_holds_django_tasks_like_any_other_work(account, workers):
