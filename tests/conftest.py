@@ -45,17 +45,26 @@ def pytest_configure(config):
     settings.SESSION_COOKIE_SECURE = settings.CSRF_COOKIE_SECURE = False
 
 
-@pytest.hookimpl(tryfirst=True)  # before pytest's own `-m` selection reads the markers
 def pytest_collection_modifyitems(config, items):
-    """A test on the Redis broker is `serial` (scripts/test runs those one at a time, after the
-    parallel group): the broker fixture empties the one Redis database the run has
-    (FAIRSHARE_TEST_REDIS_URL), which a Redis test on another pytest-xdist worker may be using.
-    (Not an xdist_group with `--dist loadgroup`: with pytest 9.2 that groups nothing, silently,
-    pytest-dev/pytest-xdist#1386.)"""
-    for item in items:
-        callspec = getattr(item, "callspec", None)
-        if callspec is not None and callspec.params.get("broker") == "redis":
-            item.add_marker(pytest.mark.serial)
+    """The tests that start processes first: under pytest-xdist (scripts/test) the slowest of them then
+    run while the quick ones fill the other worker, instead of one of them ending the run alone."""
+    items.sort(key=lambda item: not _starts_processes(item))  # stable: the files' order otherwise
+
+
+def _starts_processes(item) -> bool:
+    return item.get_closest_marker("processes") is not None or "start_cluster" in getattr(item, "fixturenames", ())
+
+
+def redis_test_url() -> str | None:
+    """FAIRSHARE_TEST_REDIS_URL, with a database of this pytest-xdist worker's own (gw0 the URL's,
+    gw1 the one below it, ...): the Redis broker's tests empty their database, so tests running side
+    by side on two workers must not share one."""
+    url = os.environ.get("FAIRSHARE_TEST_REDIS_URL")
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "gw0")
+    if not url or worker == "gw0":
+        return url
+    base, _, db = url.rpartition("/")
+    return f"{base}/{(int(db or 0) - int(worker.removeprefix('gw'))) % 16}"
 
 
 @pytest.fixture(autouse=True)
@@ -147,7 +156,7 @@ def broker(request, monkeypatch, settings):
     if request.param == "rabbitmq":
         yield from rabbitmq_broker(monkeypatch, settings)
         return
-    url = os.environ.get("FAIRSHARE_TEST_REDIS_URL")
+    url = redis_test_url()
     if not url:
         needs_service("Redis", "set FAIRSHARE_TEST_REDIS_URL (scripts/test installs and starts a local one)")
     client = redis.from_url(url)
