@@ -26,7 +26,7 @@ from budgets import clock
 from budgets.models import Budget, Reservation, ReservationStatus, UsageDay
 from budgets.reclaim import reclaim_expired
 from scheduling.models import Outcome, TaskRun, WorkerHeartbeat
-from scheduling.pool import TimerLock
+from scheduling.deaths import TimerLock
 from scheduling.runtime import enqueue
 from tests.conftest import wait_for
 
