@@ -16,8 +16,9 @@ an idle worker, waiting for its next task). Jobs sent right after each kill keep
 
 Per kill: how long after it a job started (the first run started after the kill; work was waiting
 at every kill). A *stall*: none started within 10 s. After the kills this process waits for every
-job to end (it runs the reclaim every half second: a run killed mid-way is recorded lost after its
-3-second lease), and on the ORM broker for every message to be acknowledged (a job killed running is
+job to end (a run killed mid-way is recorded lost and its slot given back by its pool's sentinel at
+once, scheduling.deaths; this process also runs the reclaim, the last resort, every half second for
+3-second leases), and on the ORM broker for every message to be acknowledged (a job killed running is
 delivered again after `retry`, 70 s here, and runs again). Then it checks what a user would: no job
 lost (every job has a run), none succeeded twice, the usage ledger equal to what the runs that held
 a slot recorded, nothing left reserved. Exit 1 if a check fails. JSON: bench/results/worker_kills-<broker>.json.
@@ -250,10 +251,11 @@ def run(args, work: Path) -> dict:
     drained = drain(args, supervisor, flow)
     supervisor.stop()
     handed_on = sum(path.read_text(errors="replace").count("it goes to the next ready worker") for path in logs)
+    given_back = sum(path.read_text(errors="replace").count("given back at once") for path in logs)
     results = measure(kills, flow, account.pk)
     results["checks"]["drained"] = drained
     results["checks"]["ok"] = results["checks"]["ok"] and drained
-    return {**results, "soak_s": round(soak_s, 1), "tasks_handed_on": handed_on,
+    return {**results, "soak_s": round(soak_s, 1), "tasks_handed_on": handed_on, "deaths_given_back": given_back,
             "pool_exits": supervisor.exits, "pools_started": len(logs)}
 
 
@@ -264,6 +266,7 @@ def report(results: dict) -> None:
         ("soak seconds", results["soak_s"]),
         ("SIGKILLs (busy / idle workers)", f"{results['kills']} ({results['busy_kills']} / {results['idle_kills']})"),
         ("tasks a dead worker had not run, handed to the next", results["tasks_handed_on"]),
+        ("deaths whose slots and claims the sentinel gave back at once", results["deaths_given_back"]),
         ("longest wait for a start after a kill (s)", results["longest_wait_after_kill_s"]),
         ("median / p95 wait after a kill (s)", f"{h.fmt(results['p50_wait_after_kill_s'], '.3f')} / "
                                                f"{h.fmt(results['p95_wait_after_kill_s'], '.3f')}"),

@@ -42,6 +42,7 @@ The seam: django-q2's `Cluster.start` looks its sentinel class up in `django_q.c
 `task_queue.get` and `result_queue.put`; tests/scheduling/test_pool.py kills the real thing. Linux.
 """
 import collections
+import functools
 import logging
 import multiprocessing
 import os
@@ -253,8 +254,8 @@ class ChannelSentinel(Q2_SENTINEL):
         if task is not None:
             self._hand_on(task, f"pool worker {pid} died before starting task %s")
         elif running is not None:
-            after = lambda: deaths.after_death(running, worker=deaths.worker_of(pid), hand_on=self._hand_on,  # noqa: E731
-                                               hand_in=self._hand_in)
+            after = functools.partial(deaths.after_death, running, worker=deaths.worker_of(pid),
+                                      hand_on=self._hand_on, hand_in=self._hand_in)
             threading.Thread(target=self._running("death check", after), name="fairshare-pool-death-check",
                              daemon=True).start()
         else:
