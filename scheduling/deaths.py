@@ -68,7 +68,8 @@ def after_death(task: dict, *, worker: str, hand_on: Callable[[dict, str], None]
                 hand_in: Callable[[dict], None]) -> None:
     """`worker` died running `task` (it had started it and not handed it in): once none of its
     sessions is left, judge the task by the tables, then give back what the worker held. In a
-    thread of the sentinel; its connection is closed at the end (no connection left open there)."""
+    thread of the sentinel; its connection is closed at the end (no connection left open there).
+    Should the database be away, the leases and the broker's redelivery decide, as before."""
     try:
         ended = sessions_ended(worker)
         outcomes = recorded_runs(task, worker=worker)
@@ -81,6 +82,8 @@ def after_death(task: dict, *, worker: str, hand_on: Callable[[dict, str], None]
         else:
             logger.error("pool worker %s died and its database sessions did not end: what it held is given back "
                          "when its leases expire", worker)
+    except Exception:
+        logger.error("pool worker %s died and its death could not be judged: its leases decide", worker, exc_info=True)
     finally:
         connection.close()
 

@@ -256,8 +256,7 @@ class ChannelSentinel(Q2_SENTINEL):
         elif running is not None:
             after = functools.partial(deaths.after_death, running, worker=deaths.worker_of(pid),
                                       hand_on=self._hand_on, hand_in=self._hand_in)
-            threading.Thread(target=self._running("death check", after), name="fairshare-pool-death-check",
-                             daemon=True).start()
+            threading.Thread(target=after, name="fairshare-pool-death-check", daemon=True).start()
         else:
             logger.debug("pool worker %s ended holding no task", pid)
 
