@@ -61,7 +61,8 @@ def reclaim_worker(*, worker: str) -> int:
     What it reads, once per death (never per task): the slots in flight, without an index by worker
     (the table holds the slots in flight and the reclaimed ones of the last day; an index on
     `worker` would be written by every admission and lease renewal), and for each dispatched one its
-    held job by key (a claim's slot carries no worker: the claim on the held job says whose it is).
+    held job by key (a claim's slot carries no worker: the claim on the held job says whose it is;
+    with many dispatched slots and few held jobs the planner reads the holding area once instead).
     """
     claimed = Exists(holding.claims_of(worker=worker).filter(job=OuterRef("job"), ref=OuterRef("ref")))
     return _reclaim(lambda: Q(worker=worker) | Q(status=ReservationStatus.DISPATCHED) & claimed, died=worker)
