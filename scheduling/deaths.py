@@ -107,6 +107,7 @@ def sessions_ended(worker: str) -> bool:
 
 def _sessions(name: str) -> int:
     # pg_stat_activity: the server's in-memory table of its backends (max_connections rows), no disk.
+    # Read outside a transaction: a transaction keeps the first view of it it took.
     with connection.cursor() as cursor:
         cursor.execute("SELECT count(*) FROM pg_stat_activity WHERE application_name = %(name)s", {"name": name})
         return cursor.fetchone()[0]
