@@ -5,6 +5,8 @@ pool, lose a job or run one twice? (scheduling.pool; SPEC §4: no duplicate or l
     .venv/bin/python bench/worker_kills.py                     # 100 kills, ORM broker
     .venv/bin/python bench/worker_kills.py --broker redis      # the same on Redis (FAIRSHARE_TEST_REDIS_URL,
                                                                # or --redis-url: that database is flushed)
+    .venv/bin/python bench/worker_kills.py --broker rabbitmq   # and on RabbitMQ (FAIRSHARE_TEST_RABBITMQ_URL,
+                                                               # or --rabbitmq-url: queues of this run's own)
     .venv/bin/python bench/worker_kills.py --kills 20          # a quick look
 
 One real `qcluster` of the default queue, two workers, under a supervising thread that starts it
@@ -16,8 +18,9 @@ an idle worker, waiting for its next task). Jobs sent right after each kill keep
 
 Per kill: how long after it a job started (the first run started after the kill; work was waiting
 at every kill). A *stall*: none started within 10 s. After the kills this process waits for every
-job to end (it runs the reclaim every half second: a run killed mid-way is recorded lost after its
-3-second lease), and on the ORM broker for every message to be acknowledged (a job killed running is
+job to end (a run killed mid-way is recorded lost and its slot given back by its pool's sentinel at
+once, scheduling.deaths; this process also runs the reclaim, the last resort, every half second for
+3-second leases), and on the ORM broker for every message to be acknowledged (a job killed running is
 delivered again after `retry`, 70 s here, and runs again). Then it checks what a user would: no job
 lost (every job has a run), none succeeded twice, the usage ledger equal to what the runs that held
 a slot recorded, nothing left reserved. Exit 1 if a check fails. JSON: bench/results/worker_kills-<broker>.json.
@@ -48,7 +51,11 @@ FAST = {"FAIRSHARE_RESERVATION_LEASE": "3", "FAIRSHARE_RESERVATION_HEARTBEAT": "
 # dispatched and no run. The ORM broker delivers its message again after `retry` (70 s); on Redis the
 # message is gone and the dispatch lease holds the job again. The lease must be longer than `retry`
 # on the ORM broker: shorter, the job held again runs, and then its message comes back and runs too.
-DISPATCH_LEASE_S = {"orm": 80, "redis": 20}
+# On RabbitMQ the message of a worker killed running it goes again RABBITMQ_REDELIVER_AFTER_DEATH_S
+# after the death (shortened here: a sleep job holds no export lease), within its dispatch lease too.
+DISPATCH_LEASE_S = {"orm": 80, "redis": 20, "rabbitmq": 30}
+RABBITMQ_REDELIVER_AFTER_DEATH_S = 10
+RABBITMQ_PREFIX = f"fairshare-kills-{os.getpid()}"
 HOST = socket.gethostname()
 
 
@@ -74,6 +81,7 @@ class Flow:
 
     def __init__(self, account_id: int, rng: random.Random):
         self.account_id, self.rng, self.sent, self.on = account_id, rng, [], True
+        self.last_kill = 0.0  # time.monotonic() of the last SIGKILL
 
     def waiting(self) -> int:
         from scheduling.models import TaskRun
@@ -132,6 +140,7 @@ def soak(args, supervisor, flow: Flow, rng: random.Random) -> list[dict]:
         flow.on = True
         flow.send(2)  # work waits at every kill
         kills.append({"at": killed_at, "pid": pid, "busy": live[pid], "idle_kill": idle_kill})
+        flow.last_kill = time.monotonic()
         pause_until = time.monotonic() + rng.uniform(*args.kill_interval)
         while time.monotonic() < pause_until:
             flow.feed()
@@ -155,7 +164,9 @@ def drain(args, supervisor, flow: Flow) -> bool:
         ended = TaskRun.objects.filter(ref__in=flow.sent).values("ref").distinct().count() == len(flow.sent)
         quiet = (not TaskRun.objects.filter(outcome=Outcome.RUNNING).exists()
                  and not Reservation.objects.exclude(status=ReservationStatus.RECLAIMED).exists())
-        if ended and quiet and (args.broker != "orm" or not OrmQ.objects.exists()):
+        # (RabbitMQ: the copy of a message whose worker was killed running it comes after a while.)
+        redelivered = args.broker != "rabbitmq" or time.monotonic() > flow.last_kill + RABBITMQ_REDELIVER_AFTER_DEATH_S + 5
+        if ended and quiet and redelivered and (args.broker != "orm" or not OrmQ.objects.exists()):
             return True
         time.sleep(0.5)
     return False
@@ -231,7 +242,10 @@ def run(args, work: Path) -> dict:
     Budget.objects.update_or_create(account=account, queue="default",
                                     defaults={"cpu_seconds_per_day": 1_000_000, "max_concurrent": 4})
     env = h.cluster_env(workers=2, poll=0.1, **FAST, FAIRSHARE_HANDOFF_MAX_RUNS=str(args.handoff_max_runs),
-                        **({"REDIS_URL": args.redis_url} if args.broker == "redis" else {}))
+                        **({"REDIS_URL": args.redis_url} if args.broker == "redis" else {}),
+                        **({"RABBITMQ_URL": args.rabbitmq_url, "FAIRSHARE_RABBITMQ_PREFIX": RABBITMQ_PREFIX,
+                            "FAIRSHARE_RABBITMQ_REDELIVER_AFTER_DEATH_S": str(RABBITMQ_REDELIVER_AFTER_DEATH_S)}
+                           if args.broker == "rabbitmq" else {}))
     logs = []
 
     def start():
@@ -250,10 +264,11 @@ def run(args, work: Path) -> dict:
     drained = drain(args, supervisor, flow)
     supervisor.stop()
     handed_on = sum(path.read_text(errors="replace").count("it goes to the next ready worker") for path in logs)
+    given_back = sum(path.read_text(errors="replace").count("given back at once") for path in logs)
     results = measure(kills, flow, account.pk)
     results["checks"]["drained"] = drained
     results["checks"]["ok"] = results["checks"]["ok"] and drained
-    return {**results, "soak_s": round(soak_s, 1), "tasks_handed_on": handed_on,
+    return {**results, "soak_s": round(soak_s, 1), "tasks_handed_on": handed_on, "deaths_given_back": given_back,
             "pool_exits": supervisor.exits, "pools_started": len(logs)}
 
 
@@ -264,6 +279,7 @@ def report(results: dict) -> None:
         ("soak seconds", results["soak_s"]),
         ("SIGKILLs (busy / idle workers)", f"{results['kills']} ({results['busy_kills']} / {results['idle_kills']})"),
         ("tasks a dead worker had not run, handed to the next", results["tasks_handed_on"]),
+        ("deaths whose slots and claims the sentinel gave back at once", results["deaths_given_back"]),
         ("longest wait for a start after a kill (s)", results["longest_wait_after_kill_s"]),
         ("median / p95 wait after a kill (s)", f"{h.fmt(results['p50_wait_after_kill_s'], '.3f')} / "
                                                f"{h.fmt(results['p95_wait_after_kill_s'], '.3f')}"),
@@ -288,7 +304,9 @@ def main() -> int:
     p.add_argument("--kills", type=int, default=100)
     p.add_argument("--kill-interval", type=lambda v: tuple(float(x) for x in v.split(",")), default=(0.5, 2.0),
                    help="seconds between kills, MIN,MAX (default 0.5,2)")
-    p.add_argument("--broker", choices=["orm", "redis"], default="orm")
+    p.add_argument("--broker", choices=["orm", "redis", "rabbitmq"], default="orm")
+    p.add_argument("--rabbitmq-url", default=os.environ.get("FAIRSHARE_TEST_RABBITMQ_URL")
+                   or "amqp://guest:guest@127.0.0.1:5672/%2F", help="with --broker rabbitmq: the server")
     p.add_argument("--redis-url", default=os.environ.get("FAIRSHARE_TEST_REDIS_URL"),
                    help="with --broker redis: a Redis database of this benchmark's own (flushed)")
     p.add_argument("--handoff-max-runs", type=int, default=500,
@@ -309,6 +327,16 @@ def main() -> int:
 
         redis.from_url(args.redis_url).flushdb()
         Conf.BROKER_CLASS, Conf.ORM, Conf.REDIS = None, None, args.redis_url
+    if args.broker == "rabbitmq":
+        from django.conf import settings
+        from django_q.conf import Conf
+
+        from scheduling.rabbitmq import RabbitMQ
+
+        Conf.BROKER_CLASS, Conf.ORM, Conf.REDIS = "scheduling.rabbitmq.RabbitMQ", None, None
+        settings.RABBITMQ_URL = args.rabbitmq_url
+        settings.FAIRSHARE = {**settings.FAIRSHARE, "RABBITMQ_PREFIX": RABBITMQ_PREFIX}
+        h.at_exit(lambda: RabbitMQ("default").delete_queue())
     with tempfile.TemporaryDirectory(prefix="fairshare-kills-") as work:
         results = {"broker": args.broker, "handoff_max_runs": args.handoff_max_runs, "when": h.utc_timestamp(),
                    **run(args, Path(work)),

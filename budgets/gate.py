@@ -1,6 +1,6 @@
 """The budget gate: budgets' enqueue-time check and the held work a free worker runs next,
 plugged into the kernel through FAIRSHARE["ENQUEUE_GATES"] (scheduling.gates.EnqueueGate)."""
-from budgets import admission, bulk, handoff, waits
+from budgets import admission, bulk, handoff, reclaim, waits
 from budgets.ledger import Claimed
 from budgets.middleware import RunSlot
 from scheduling.context import Handoff, TaskContext
@@ -35,6 +35,9 @@ class BudgetGate(EnqueueGate):
             return None
         claimed = handoff.pull(queue=queue, worker=worker)
         return _handoff(claimed) if claimed is not None else None
+
+    def worker_died(self, *, worker: str) -> int:
+        return reclaim.reclaim_worker(worker=worker)
 
     def explain_lines(self, *, lines: set[tuple[int, str]]) -> dict[tuple[int, str], Wait]:
         return waits.line_waits(lines=lines)

@@ -50,6 +50,12 @@ class EnqueueGate:
         in the gate's fair order into a free slot; None when there is none."""
         return None
 
+    def worker_died(self, *, worker: str) -> int:
+        """Give back at once what `worker` ("host:pid") held of the gate's (slots, claims on held
+        work): it died, and none of its database sessions is left (scheduling.deaths). Idempotent;
+        returns how many slots went back."""
+        return 0
+
     def explain_lines(self, *, lines: set[tuple[int, str]]) -> dict[tuple[int, str], Wait]:
         """What each account's line (account id, queue) that the gate holds work in waits for now,
         and until when, for what anyone is shown of a held job (scheduling.waits); lines it says

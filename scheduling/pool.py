@@ -18,14 +18,15 @@ run unchanged).
   writer (a listening thread forwards the results to the monitor).
 - The listening thread sees a worker die the moment it dies. A task sent to it and not started
   goes to the next ready worker first: it ran nowhere. A task it started and did not hand in is
-  judged by the durable truth once its last statements reached the database (`CHECK_AFTER_S`): no
-  run of its envelope recorded by that worker (admission records the run with its slot) means it
-  was killed before anything happened, and it goes on too, to take over its still dispatched slot;
-  a run that ended means it was killed before handing in the result, which the sentinel hands in
-  for it (else the ORM broker delivers the finished job again after `retry`); a run still running
-  was killed mid-way (its slot is reclaimed, as before). So it is neither lost nor run twice; the
-  reconciler and the dispatch lease stay the last resort.
-- A worker's timer lock (`TimerLock`) is one the guard stops waiting for once its worker is dead.
+  judged by the durable truth once none of the dead worker's database sessions is left, and what
+  the worker held in the tables (its slots, its claims on held jobs) is given back at once
+  (scheduling.deaths): no run of its envelope recorded by that worker means it was killed before
+  anything happened, and it goes on too, to take over its still dispatched slot; a run that ended
+  means it was killed before handing in the result, which the sentinel hands in for it; a run
+  still running was killed mid-way (recorded lost, its slot given back). So it is neither lost nor
+  run twice, and the dead worker's account's line goes on within a second; the reconciler and the
+  leases stay the last resort.
+- A worker's timer lock (deaths.TimerLock) is one the guard stops waiting for once its worker is dead.
 A killed worker costs its pool that worker for one guard cycle (django-q2 starts another within
 0.5 s), never the others, on any broker (the pusher is untouched). The alternatives and the cost:
 docs/architecture.md "Running workers in production". The sentinel forks replacement workers while
@@ -41,15 +42,14 @@ The seam: django-q2's `Cluster.start` looks its sentinel class up in `django_q.c
 `task_queue.get` and `result_queue.put`; tests/scheduling/test_pool.py kills the real thing. Linux.
 """
 import collections
+import functools
 import logging
 import multiprocessing
 import os
 import queue
 import threading
-import time
 from multiprocessing.connection import wait
 
-from django.db import connection
 from django.utils import timezone
 
 from django_q import cluster
@@ -57,10 +57,8 @@ from django_q.queues import Queue
 from django_q.signals import pre_execute
 from django_q.worker import worker
 
-from scheduling.broker import RUNNER
+from scheduling import deaths
 from scheduling.faults import fault_point
-from scheduling.models import Outcome, TaskRun
-from scheduling.services import worker_id
 
 logger = logging.getLogger("fairshare.pool")
 READY, STARTED, RESULT, STOP = "ready", "started", "result", "STOP"  # STOP: django-q2's own pill
@@ -70,10 +68,6 @@ READY, STARTED, RESULT, STOP = "ready", "started", "result", "STOP"  # STOP: dja
 MAX_HANDED_ON = 3
 HANDED_ON = "fairshare_handed_on"  # the count, in the task (django-q2 stores only its own keys)
 HAND_OUT_POLL_S = 0.1  # how long a task handed on waits at most for the hand-out thread to look
-# A dead worker's last statements (a COMMIT written just before the kill) reach the server within
-# this long: only then do the tables say whether its run was recorded.
-CHECK_AFTER_S = 1.0
-TIMER_LOCK_LOOK_S = 0.1  # the guard waits for a worker's timer lock in these steps, looking whether it died
 
 
 class WorkerChannel:
@@ -106,39 +100,6 @@ class WorkerChannel:
 
     def _started(self, sender, **kwargs) -> None:
         self.worker_end.send(STARTED)
-
-
-class TimerLock:
-    """The lock of a worker's timer (django-q2's `Value("f")`). The worker holds it while it hands in
-    a result; the sentinel's guard takes it every cycle, and here stops waiting for it once the
-    worker is dead (nobody is left to race). Nested (an RLock): the guard reads the timer under it."""
-
-    def __init__(self):
-        self._lock = multiprocessing.RLock()
-        self._sentinel_pid = os.getpid()
-        self.process: multiprocessing.Process | None = None  # the worker, once started
-        self._entries: list[bool] = []  # sentinel side: whether each nested entry holds the lock
-
-    def acquire(self, block: bool = True, timeout: float | None = None) -> bool:
-        if os.getpid() != self._sentinel_pid or self.process is None:
-            return self._lock.acquire(block, timeout)
-        held = self._lock.acquire(False)
-        while not held and self.process.is_alive():
-            held = self._lock.acquire(True, TIMER_LOCK_LOOK_S)
-        self._entries.append(held)
-        return True
-
-    def release(self) -> None:
-        if os.getpid() != self._sentinel_pid or self.process is None:
-            self._lock.release()
-        elif self._entries.pop():
-            self._lock.release()
-
-    def __enter__(self) -> bool:
-        return self.acquire()
-
-    def __exit__(self, *exc) -> None:
-        self.release()
 
 
 Q2_SENTINEL = cluster.Sentinel
@@ -174,7 +135,7 @@ class ChannelSentinel(Q2_SENTINEL):
 
     def spawn_worker(self):
         channel = WorkerChannel(self._intake.size)
-        timer = multiprocessing.Value("f", -1, lock=TimerLock())
+        timer = multiprocessing.Value("f", -1, lock=deaths.TimerLock())
         self._spawning = channel
         try:
             process = self.spawn_process(worker, channel, channel, timer, self.timeout)
@@ -188,11 +149,13 @@ class ChannelSentinel(Q2_SENTINEL):
 
     def _close_in_child(self) -> None:
         """In every process forked from the sentinel: keep only the child's own end, if it is a
-        worker. (Connection.close is idempotent: a grandchild closing them again does nothing.)"""
+        worker, whose database sessions are named for it (scheduling.deaths). (Connection.close is
+        idempotent: a grandchild closing them again does nothing.)"""
         for channel in list(self._channels.values()):
             channel.pool_end.close()
         if self._spawning is not None:
             self._spawning.pool_end.close()
+            deaths.name_sessions()
         self._wake_listener.close()
         self._wake.close()
 
@@ -277,7 +240,7 @@ class ChannelSentinel(Q2_SENTINEL):
     def _bury(self, channel: WorkerChannel) -> None:
         """A worker died: what it said before dying counts (its "started", its result), then its
         task, if it had not started it, goes to the next ready worker; if it had started it and not
-        handed it in, the tables decide (`_by_the_tables`)."""
+        handed it in, the tables decide, and what it held there is given back (scheduling.deaths)."""
         if channel.dead:
             return
         self._read(channel)
@@ -291,25 +254,16 @@ class ChannelSentinel(Q2_SENTINEL):
         if task is not None:
             self._hand_on(task, f"pool worker {pid} died before starting task %s")
         elif running is not None:
-            threading.Thread(target=self._running("run check", lambda: self._by_the_tables(running, pid)),
-                             name="fairshare-pool-run-check", daemon=True).start()
+            after = functools.partial(deaths.after_death, running, worker=deaths.worker_of(pid),
+                                      hand_on=self._hand_on, hand_in=self._hand_in)
+            threading.Thread(target=after, name="fairshare-pool-death-check", daemon=True).start()
         else:
             logger.debug("pool worker %s ended holding no task", pid)
 
-    def _by_the_tables(self, task, pid: int) -> None:
-        time.sleep(CHECK_AFTER_S)
-        try:
-            outcomes = recorded_runs(task, worker=f"{worker_id().rsplit(':', 1)[0]}:{pid}")
-        finally:
-            connection.close()  # this thread's: no connection left open in the sentinel
-        if outcomes is None or Outcome.RUNNING in outcomes:
-            return  # not an envelope of ours, or killed mid-run: its slot is reclaimed
-        if not outcomes:
-            self._hand_on(task, f"pool worker {pid} died after starting task %s and before its run was recorded")
-            return
+    def _hand_in(self, task) -> None:
         self.result_queue.put({**task, "result": None, "success": True, "stopped": timezone.now()})
-        logger.warning("pool worker %s died after its run of task %s ended: its result handed in for it",
-                       pid, task.get("name"))
+        logger.warning("a pool worker died after its run of task %s ended: its result handed in for it",
+                       task.get("name"))
 
     def _hand_on(self, task, why: str) -> None:
         task[HANDED_ON] = task.get(HANDED_ON, 0) + 1
@@ -319,18 +273,6 @@ class ChannelSentinel(Q2_SENTINEL):
         with self._lock:
             self._returned.appendleft(task)
         logger.warning(why + "; it goes to the next ready worker", task.get("name"))
-
-
-def recorded_runs(task: dict, *, worker: str) -> list[str] | None:
-    """The outcomes of the runs of the task's envelope that `worker` recorded (an admitted run is
-    recorded with its slot, in one transaction). None for a task that is not an envelope for the
-    runner: not ours to judge."""
-    args = task.get("args") or ()
-    message = args[0] if len(args) == 1 else None
-    if task.get("func") != RUNNER or not isinstance(message, dict) or "job" not in message or "ref" not in message:
-        return None
-    return list(TaskRun.objects.filter(job=message["job"], ref=str(message["ref"]), worker=worker)
-                .values_list("outcome", flat=True))
 
 
 def install() -> None:

@@ -11,10 +11,12 @@ What it promises, against the ORM broker (at least once) and Redis (at most once
   copy FAIRSHARE["RABBITMQ_REDELIVER_AFTER_DEATH_S"] later, once the dead run's leases have
   expired, through the queue's waiting room, while the pool gets its place back at once (each
   worker tells the pusher which delivery it took, from django-q2's `pre_execute`, and the pusher
-  watches that process); and after the cluster's `retry` seconds when nothing is heard of it (as
-  the ORM broker does). The handlers are idempotent (SPEC §4): a second delivery changes nothing.
-  Without the worker's word, a SIGKILLed worker would hold one of the pool's prefetch places until
-  `retry` (half an hour on the exports queue): a one-worker pool would stall;
+  watches that process; the copy is dropped when the delivery is acknowledged after all, its
+  result handed in or its task handed on by the dead worker's sentinel: scheduling.deaths); and
+  after the cluster's `retry` seconds when nothing is heard of it (as the ORM broker does). The
+  handlers are idempotent (SPEC §4): a second delivery changes nothing. Without the worker's word,
+  a SIGKILLed worker would hold one of the pool's prefetch places until `retry` (half an hour on
+  the exports queue): a one-worker pool would stall;
 - a message that does not decode, or whose envelope names an unknown job or breaks the contract,
   is dead-lettered with its reason (scheduling.dead_letters), never dropped nor run.
 

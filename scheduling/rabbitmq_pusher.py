@@ -7,6 +7,7 @@ The relay is one pipe per process tree, made by the sentinel's broker (`open_rel
 "ack <id>" from the monitor, "take <id> <pid>" from a worker starting a delivery. An id is
 "<consumer token>:<delivery tag>": one for a connection that has since died is dropped.
 """
+import hashlib
 import logging
 import os
 import time
@@ -24,6 +25,9 @@ from scheduling.dead_letters import dead_letter_record
 from scheduling.registry import get_job
 
 logger = logging.getLogger("fairshare.rabbitmq")
+# How long the pusher remembers a dead worker's delivery it copied, and a copy it withdrew, beyond
+# the copy's delay (`requeue_orphans`): a copy arrives after that delay.
+COPY_MEMORY_S = 600.0
 
 
 def delivery_problem(body: bytes) -> str | None:
@@ -103,6 +107,9 @@ class Consumer:
         self.outstanding: dict[int, float] = {}  # delivery tag -> when it was handed out (monotonic)
         self.takers: dict[int, int] = {}  # delivery tag -> pid of the worker running it
         self.bodies: dict[int, bytes] = {}  # delivery tag -> its body, to send again if its worker dies
+        # Deliveries of dead workers that were copied, and copies withdrawn (`requeue_orphans`).
+        self.copied: dict[int, tuple[bytes, float]] = {}  # tag -> (digest of its body, when)
+        self.withdrawn: dict[bytes, float] = {}
         self.delivered: list[tuple[str, str]] = []
         self.connection = amqp.connect()
         try:
@@ -130,6 +137,11 @@ class Consumer:
             channel.basic_nack(method.delivery_tag, requeue=False)  # to the dead-letter queue
             logger.error("message dead-lettered", extra={"queue": self.queue})
             return
+        if self.withdrawn.pop(hashlib.sha256(body).digest(), None) is not None:
+            channel.basic_ack(method.delivery_tag)
+            logger.warning("a dead worker's message copied to go again is dropped: its task was done after all",
+                           extra={"queue": self.queue})
+            return
         self.outstanding[method.delivery_tag] = time.monotonic()
         self.bodies[method.delivery_tag] = body
         self.delivered.append((f"{self.token}:{method.delivery_tag}", body.decode()))
@@ -140,6 +152,10 @@ class Consumer:
             self.takers.pop(int(tag), None)
             self.bodies.pop(int(tag), None)
             self.channel.basic_ack(int(tag))
+        elif token == self.token and (copied := self.copied.pop(int(tag), None)) is not None:
+            # Done after all: its sentinel handed the result in, or the task on to a worker that
+            # finished it (scheduling.deaths). Its copy is dropped when it comes.
+            self.withdrawn[copied[0]] = time.monotonic()
 
     def taken(self, ack_id: str, pid: int) -> None:
         token, _, tag = ack_id.partition(":")
@@ -151,7 +167,13 @@ class Consumer:
         limit: no acknowledgement can come for it), to arrive `after_s` after its death, once the
         leases its run held have expired and the redelivery can take the work over: a copy goes to
         the queue's waiting room (amqp.declare_later), confirmed, and then this delivery is
-        acknowledged, which gives the pool its place back at once."""
+        acknowledged, which gives the pool its place back at once. Should the delivery be
+        acknowledged after all (`ack`: its sentinel handed the result of a run that had ended in,
+        or the task on to another worker), the copy is withdrawn: dropped when it comes."""
+        now = time.monotonic()
+        forget = now - after_s - COPY_MEMORY_S
+        self.copied = {tag: copy for tag, copy in self.copied.items() if copy[1] > forget}
+        self.withdrawn = {digest: when for digest, when in self.withdrawn.items() if when > forget}
         for tag, pid in list(self.takers.items()):
             if not _alive(pid):
                 del self.takers[tag]
@@ -159,6 +181,7 @@ class Consumer:
                 if self.outstanding.pop(tag, None) is not None and body is not None:
                     amqp.Publisher.get().publish_later(self.queue, body, delay_s=after_s)
                     self.channel.basic_ack(tag)
+                    self.copied[tag] = (hashlib.sha256(body).digest(), now)
                     logger.warning("worker died with a message; it goes again later",
                                    extra={"queue": self.queue, "retry_in_s": after_s})
 

@@ -15,13 +15,14 @@ import pytest
 from django_q.models import OrmQ
 
 from budgets import clock
-from budgets.models import Reservation, ReservationStatus
+from budgets.models import Reservation
 from budgets.reclaim import reclaim_expired
 from scheduling.models import DeferReason, DeferredTask, Outcome, TaskRun
 from scheduling.runtime import enqueue
 from tests.budgets.test_processes import (
     ADMITTED, FAST_BEAT, give_budget, ledger_totals, recorded_totals, runs_of, usage, wait,
 )
+from tests.conftest import pause_at
 from tests.factories import AccountFactory
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.processes]
@@ -119,27 +120,27 @@ def test_free_workers_pull_other_accounts_held_work_without_exceeding_any_cap(st
 def kill_a_claimant(account, start_cluster, tmp_path, *, fault: str,
                     rate: tuple[int, int] | None = None) -> tuple[object, list[str], DeferredTask]:
     """A cap-1 backlog of 8 jobs (with `rate`, a rate limit of so many starts per so many seconds)
-    in a cluster whose worker SIGKILLs itself at `fault` (once), holding a claimed job; returns the
-    cluster, the refs, and the job its dead worker claimed."""
+    in a cluster whose worker stops at `fault` (once), holding a claimed job, and is SIGKILLed
+    there; returns the cluster, the refs, and the job its dead worker claimed. Its pool's sentinel
+    gives the claim and the slot taken for it back at once (scheduling.deaths), well before their
+    lease (30 s) expires."""
     budget = give_budget(account, cpu_seconds=1000, max_concurrent=1)
     if rate is not None:
         budget.rate_starts, budget.rate_period_s = rate
         budget.save()
-    marker = tmp_path / "fault-fired"
-    cluster = start_cluster(
-        "default", FAIRSHARE_WORKERS="2", FAIRSHARE_FAULT=fault, FAIRSHARE_FAULT_MARKER=str(marker),
-        # The claim and its slot expire 2 s after the worker died instead of 30 s.
-        FAIRSHARE_HANDOFF_CLAIM_LEASE_S="2",
-    )
+    pause = pause_at(fault, tmp_path)
+    cluster = start_cluster("default", FAIRSHARE_WORKERS="2", **pause.env)
     refs = [f"20/{i}" for i in range(8)]
     for ref in refs:
         enqueue(job="tests.sleep", account=account.pk, ref=ref)
-    wait(marker.exists, timeout=30, what="the fault point to fire", clusters=[cluster])
+    wait(pause.reached, timeout=30, what="a worker to stand at the fault point", clusters=[cluster])
     claimed = wait(lambda: DeferredTask.objects.filter(account=account).exclude(claimed_by="").first(),
-                   timeout=10, what="the claimed job to stay in the holding area", clusters=[cluster])
+                   timeout=10, what="the claimed job in the holding area", clusters=[cluster])
     claimant = int(claimed.claimed_by.rsplit(":", 1)[1])
-    # (The marker is written just before the process kills itself.)
+    os.kill(claimant, signal.SIGKILL)
     wait(lambda: is_dead(claimant), timeout=10, what="the claimant to be dead", clusters=[cluster])
+    wait(lambda: not DeferredTask.objects.filter(claimed_by=claimed.claimed_by).exists(), timeout=10,
+         what="the dead claimant's claim to be given back", clusters=[cluster])
     return cluster, refs, claimed
 
 
@@ -209,15 +210,15 @@ def test_a_worker_killed_after_claiming_a_held_job_loses_and_duplicates_nothing(
 def test_a_worker_killed_after_passing_its_slot_on_loses_and_duplicates_nothing(account, start_cluster, tmp_path):
     """The pass-on (a run from the holding area hands its slot on in its settlement's statement,
     without the lock) commits the next job's claim, slot and run; the worker dies before running
-    it. Its claim and slot expire, the reclaim undoes the admission and releases the job."""
+    it. Its sentinel gives its claim and slot back: the admission is undone and the job released."""
     # The first run came through the broker and hands off under the lock; the second, from the
     # holding area, passes its slot on to the third job, and its worker dies there.
     cluster, refs, claimed = kill_a_claimant(account, start_cluster, tmp_path, fault="after_pass_on")
     assert claimed.ref == refs[2]
-    slot = Reservation.objects.get(account=account, ref=refs[2])
-    assert slot.status == ReservationStatus.ACTIVE and slot.task_run_id is not None  # admitted by the pass-on
+    # Admitted by the pass-on (its run recorded for the claimant), undone when its claim went back.
+    undone = TaskRun.objects.get(account=account, ref=refs[2], worker=claimed.claimed_by)
+    assert undone.outcome == Outcome.SKIPPED
     assert_recovers_once_in_order(account, refs, cluster)
-    assert TaskRun.objects.get(pk=slot.task_run_id).outcome == Outcome.SKIPPED  # the pass-on's run, undone
 
 
 def test_a_worker_killed_mid_run_while_its_slot_carries_charges_is_charged_them_once(account, start_cluster):

@@ -11,6 +11,7 @@ from django.test import Client
 from django.utils import timezone
 
 from budgets.models import ApiToken, Membership
+from budgets.reclaim import reclaim_expired
 from exports.models import ExportRecord, ExportStatus
 from exports.requests import BUILD_JOB
 from exports.sample_data import add_activity
@@ -141,3 +142,13 @@ def assert_published_once(record: ExportRecord, root, *, rows: int) -> bytes:
     assert manifest == {"export_id": str(record.pk), "sha256": record.checksum_sha256, "rows": rows,
                         "byte_size": len(body)}
     return body
+
+
+def wait_dead_run_lost(record, *, timeout: float = 30) -> None:
+    """The dead worker's run of the export recorded lost and its slot given back: at once by its
+    pool's sentinel (scheduling.deaths), or, when the sentinel died too, by the reclaim once the
+    slot's lease expired (what the reclaim-leases schedule does every minute, done here)."""
+    def lost() -> bool:
+        reclaim_expired()
+        return TaskRun.objects.filter(job=BUILD_JOB, ref=str(record.pk), outcome=Outcome.LOST).exists()
+    wait_for(lost, timeout=timeout, message="the dead run to be recorded lost and its slot given back")

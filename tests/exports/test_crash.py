@@ -15,7 +15,6 @@ from django_q.models import OrmQ
 from django_q.tasks import async_task
 
 from budgets.models import Account, Reservation, ReservationStatus
-from budgets.reclaim import reclaim_expired
 from exports.leases import export_cancel
 from exports.maintenance import reconcile_exports
 from exports.models import AttemptOutcome, ExportStatus
@@ -27,7 +26,7 @@ from tests.conftest import pause_at, wait_for
 from tests.storages import GATE_ENV
 from tests.exports.support import (
     RANGE, add_events, assert_published_once, attempts, file_ids, lease_expired, notifications,
-    object_key, runs, stored_files, wait_finished, wait_logged, wait_runs_settled,
+    object_key, runs, stored_files, wait_dead_run_lost, wait_finished, wait_logged, wait_runs_settled,
 )
 
 GATED_STORAGE = "tests.storages.GatedStorage"
@@ -38,9 +37,10 @@ ROWS = 1000  # 20 batches of 50: the fault "mid_stream" fires after the first
 
 
 def _recover_from_dead_worker(record, *, resend: bool) -> None:
-    """What the maintenance jobs do once a worker died: reclaim its run's budget slot when the
-    reservation's lease has expired, and re-ring the doorbell when the export's lease has."""
-    wait_for(lambda: reclaim_expired() == 1, timeout=30, message="the dead run's reservation to be reclaimed")
+    """What happens once a worker died: its run's budget slot is given back (by its pool's
+    sentinel, or the reclaim once the slot's lease expired), and the reconciler re-rings the
+    doorbell when the export's lease has expired."""
+    wait_dead_run_lost(record)
     if resend:
         wait_for(lambda: lease_expired(record), timeout=30, message="the dead attempt's export lease to expire")
         assert reconcile_exports() == 1

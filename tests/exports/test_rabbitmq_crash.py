@@ -6,13 +6,11 @@ import pytest
 from django.db.models import Sum
 
 from budgets.models import Reservation, ReservationStatus, UsageDay
-from budgets.reclaim import reclaim_expired
 from exports.models import AttemptOutcome, ExportStatus
 from exports.requests import BUILD_JOB, export_request
 from scheduling.models import DeadLetter, Outcome, TaskRun
-from tests.conftest import wait_for
 from tests.exports.support import (
-    RANGE, add_events, assert_published_once, attempts, notifications, wait_finished, wait_logged,
+    RANGE, add_events, assert_published_once, attempts, notifications, wait_dead_run_lost, wait_finished, wait_logged,
     wait_runs_settled,
 )
 
@@ -32,9 +30,9 @@ def test_worker_killed_mid_export_is_redelivered_by_rabbitmq_and_done_once(
     record, _ = export_request(account_slug="acme", user=owner, **RANGE)
     wait_logged(cluster, marker.exists, timeout=60, message="the worker to die mid-stream")
 
-    # The dead run's slot comes back once its lease expired (the maintenance job's reclaim, as on
-    # every broker). No reconciler re-sends the export: RabbitMQ delivers the message again.
-    wait_for(lambda: reclaim_expired() == 1, timeout=30, message="the dead run's reservation to be reclaimed")
+    # The dead run's slot comes back at once (its pool's sentinel gives it back, as on every
+    # broker). No reconciler re-sends the export: RabbitMQ delivers the message again.
+    wait_dead_run_lost(record)
     wait_finished(record, cluster, timeout=60)
     assert "worker died with a message; it goes again later" in cluster.log()
     wait_runs_settled(record, cluster)

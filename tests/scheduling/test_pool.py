@@ -5,7 +5,10 @@ starting it), an idle worker killed, then the other idle one (on django-q2's sha
 the two holds its read lock: the pool would stall), a busy one, and both at once. After each kill,
 new work starts within 10 s of it (printed); in the end every job ran once (a job whose worker was
 killed running it has that run recorded lost, and runs again only if the broker delivers it again),
-and the usage ledger equals what the runs recorded. Then the two windows the tables decide: killed
+and the usage ledger equals what the runs recorded. With the hand-off on (the default), a busy worker
+killed while its account's next job waits in line for the slot it held: that job starts within 10 s
+too, because the sentinel gives the dead worker's slot back at once (scheduling.deaths) instead of
+when its lease expires (the reclaim runs once a minute). Then the two windows the tables decide: killed
 after starting a task and before its run's admission (handed on), and after its run ended and before
 handing in the result (handed in for it). And the pieces that must not hang: a timer lock held by a
 dead worker, and a graceful stop.
@@ -25,8 +28,8 @@ from django_q.models import OrmQ
 from budgets import clock
 from budgets.models import Budget, Reservation, ReservationStatus, UsageDay
 from budgets.reclaim import reclaim_expired
-from scheduling.models import Outcome, TaskRun, WorkerHeartbeat
-from scheduling.pool import TimerLock
+from scheduling.models import DeferredTask, Outcome, TaskRun, WorkerHeartbeat
+from scheduling.deaths import TimerLock
 from scheduling.runtime import enqueue
 from tests.conftest import wait_for
 
@@ -61,22 +64,24 @@ def two_idle_workers(cluster) -> list[int]:
     return sorted(workers(cluster))
 
 
-def kill(cluster, account, victims: list[int], label: str) -> list[str]:
-    """SIGKILL `victims`, send three jobs, and time the first start after the kill. Returns the
-    refs of the jobs the victims were running (their runs are lost)."""
+def kill(cluster, account, victims: list[int], label: str, sends: int = 3, waiting: str | None = None) -> list[str]:
+    """SIGKILL `victims`, send `sends` jobs, and time the first start after the kill (of the job
+    `waiting` in line, if given). Returns the refs of the jobs the victims were running (their runs
+    are lost)."""
+    running = list(TaskRun.objects.filter(worker__in=[f"{HOST}:{pid}" for pid in victims], outcome=Outcome.RUNNING)
+                   .values_list("ref", flat=True))
     for pid in victims:
         os.kill(pid, signal.SIGKILL)
     killed_at = timezone.now()
-    for i in range(3):
+    for i in range(sends):
         enqueue(job="tests.sleep", account=account.pk, ref=f"100/{label}-{i}")
-    first = wait_for(lambda: TaskRun.objects.filter(started_at__gt=killed_at).order_by("started_at")
-                     .values_list("started_at", flat=True).first(), timeout=STARTS_WITHIN_S + 30,
-                     message=f"work to start after the kill ({label}); log:\n{cluster.tail(40)}")
+    starts = TaskRun.objects.filter(started_at__gt=killed_at, **({"ref": waiting} if waiting else {}))
+    first = wait_for(lambda: starts.order_by("started_at").values_list("started_at", flat=True).first(),
+                     timeout=STARTS_WITHIN_S + 30, message=f"work to start after the kill ({label}); log:\n{cluster.tail(40)}")
     waited = (first - killed_at).total_seconds()
-    print(f"\n[{label}] {len(victims)} worker(s) SIGKILLed; new work started {waited:.3f} s later")
-    assert waited < STARTS_WITHIN_S, f"{label}: new work started {waited:.1f} s after the kill"
-    return list(TaskRun.objects.filter(worker__in=[f"{HOST}:{pid}" for pid in victims], outcome=Outcome.RUNNING)
-                .values_list("ref", flat=True))
+    print(f"\n[{label}] {len(victims)} worker(s) SIGKILLed; {waiting or 'new work'} started {waited:.3f} s later")
+    assert waited < STARTS_WITHIN_S, f"{label}: {waiting or 'new work'} started {waited:.1f} s after the kill"
+    return running
 
 
 def settled_runs() -> bool:
@@ -120,12 +125,25 @@ def test_killed_workers_never_stall_their_pool(account, broker, start_cluster, t
     lost += kill(cluster, account, sorted(workers(cluster)), "both at once")
     assert lost == ["20000/busy", "20000/busy-too"]
 
+    # One slot: the busy worker holds it, and its account's next job waits in line for it.
+    two_idle_workers(cluster)
+    Budget.objects.filter(account=account).update(max_concurrent=1)
+    enqueue(job="tests.sleep", account=account.pk, ref="20000/line-busy")
+    busy = wait_for(lambda: TaskRun.objects.filter(ref="20000/line-busy", outcome=Outcome.RUNNING)
+                    .values_list("worker", flat=True).first(), timeout=30, message="the long job to start")
+    enqueue(job="tests.sleep", account=account.pk, ref="100/line-next")
+    wait_for(lambda: DeferredTask.objects.filter(ref="100/line-next").exists(), timeout=10, message="the job to wait in line")
+    lost += kill(cluster, account, [int(busy.rsplit(":", 1)[1])], "busy, its account's line waiting", sends=0,
+                 waiting="100/line-next")
+    assert lost == ["20000/busy", "20000/busy-too", "20000/line-busy"]
+    assert "given back at once" in cluster.log()  # not by the reclaim (its lease: 3 s here, checked once a minute)
+
     wait_for(settled_runs, timeout=60, interval=0.5, message=f"every run to settle; log:\n{cluster.tail(40)}")
     outcomes: dict[str, list[str]] = {}
     for ref, outcome in TaskRun.objects.filter(account=account).order_by("started_at").values_list("ref", "outcome"):
         outcomes.setdefault(ref, []).append(outcome)
     sent = ["100/taken", *(f"100/{label}-{i}" for label in ("idle", "the other idle", "busy", "both at once")
-                          for i in range(3)), "20000/busy", "20000/busy-too"]
+                          for i in range(3)), "20000/busy", "20000/busy-too", "20000/line-busy", "100/line-next"]
     assert sorted(outcomes) == sorted(sent)
     for ref in sent:
         # Killed running: its run is lost; the ORM broker may deliver it again (after `retry`).

@@ -3,6 +3,7 @@ jobs run and are acknowledged, undecodable messages and unknown jobs are dead-le
 reason, and a message whose consumer died is delivered again."""
 import os
 import signal
+import subprocess
 
 import pika
 import pytest
@@ -12,6 +13,7 @@ from django_q.signing import SignedPackage
 from scheduling import amqp
 from scheduling.models import DeadLetter, Outcome, TaskRun
 from scheduling.rabbitmq import RabbitMQ
+from scheduling.rabbitmq_pusher import Consumer
 from scheduling.runtime import RUNNER, enqueue
 from tests.conftest import wait_for
 
@@ -118,3 +120,33 @@ def test_metrics_healthz_and_the_dashboard_read_the_rabbitmq_queues(rabbitmq, ac
     beat("exports")
     response = Client().get("/healthz")
     assert response.status_code == 200, response.json()
+
+
+def test_a_dead_workers_copied_delivery_is_dropped_once_it_is_acknowledged_after_all(rabbitmq):
+    """A worker died after its run ended: the pusher copies its delivery to go again later, then
+    the dead worker's sentinel hands the result in (scheduling.deaths) and the monitor acknowledges
+    it. The copy is dropped when it comes: the finished task does not run again."""
+    name = amqp.queue_name("default")
+    get_broker("default").enqueue(SignedPackage.dumps({"id": "done", "name": "done", "func": "math.floor",
+                                                       "args": (1,)}))
+    consumer = Consumer(name, prefetch=1)
+    try:
+        def delivered():
+            consumer.connection.process_data_events(time_limit=0.2)
+            return consumer.delivered
+        [(ack_id, _)] = wait_for(delivered, timeout=10, message="the delivery")
+        consumer.delivered = []
+        gone = subprocess.Popen(["true"])
+        gone.wait()
+        consumer.taken(ack_id, gone.pid)  # its worker, now dead
+        consumer.requeue_orphans(after_s=1)  # copied, to come again in a second
+        consumer.ack(ack_id)  # the result handed in for the dead worker, after all
+
+        def copy_came():
+            consumer.connection.process_data_events(time_limit=0.2)
+            return not consumer.withdrawn
+        wait_for(copy_came, timeout=15, message="the copy to come")
+        consumer.connection.process_data_events(time_limit=0.5)
+        assert consumer.delivered == [] and _ready_and_unacked("default") == 0
+    finally:
+        consumer.close()
