@@ -32,4 +32,4 @@ SETTINGS = (
 
 # The session setting the triggers read: "1" on the connections of a process with USAGE_NATS_URL
 # (config/settings.py adds it to the connection's options).
-EVENTS_GUC = "fairshare_usage.on"
+EVENTS_GUC = "fairshare_usage.events"

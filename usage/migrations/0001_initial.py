@@ -3,7 +3,7 @@
 Events are written by PostgreSQL, in the statement and transaction of their effect, so an event
 exists exactly when its effect does: a settlement, a reclaim or an export's end that rolls back
 takes its event with it, and no code path can forget one. Every trigger does nothing unless the
-session's `fairshare_usage.on` is '1' (config/settings.py sets it on the connections of a process
+session's `fairshare_usage.events` is '1' (config/settings.py sets it on the connections of a process
 with FAIRSHARE_USAGE_NATS_URL), so with the usage log off a settlement pays one comparison.
 
 A run's usage is written where the ledger charges it, on the slot (budgets_reservation; installed
@@ -25,7 +25,7 @@ the end of the same statement, emits only when its run ended in that statement.
 """
 from django.db import migrations, models
 
-ON = "current_setting('fairshare_usage.on', true) = '1'"
+ON = "current_setting('fairshare_usage.events', true) = '1'"
 
 FUNCTIONS = f"""
 CREATE FUNCTION usage_run_event(p_type text, p_slot budgets_reservation, p_mode text) RETURNS void
