@@ -35,9 +35,9 @@ def usage_metrics():
 
 
 @monitoring.health_check("usage_relay")
-def usage_relay_keeps_up() -> str | None:
+def usage_relay_keeps_up() -> str | None | dict:
     if not settings.FAIRSHARE["USAGE_NATS_URL"]:
-        return None
+        return {}  # no part at all: /healthz does not list what is off
     events, seconds = relay_lag()
     if seconds > settings.FAIRSHARE["USAGE_RELAY_BEHIND_S"]:
         return f"behind: {events} events wait, the oldest for {seconds:.0f} s (is usage_relay running, NATS up?)"
