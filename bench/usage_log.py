@@ -142,9 +142,11 @@ def fake_event(i: int) -> tuple[str, bytes, str]:
 
 
 async def fill(url: str, n: int) -> float:
-    from usage.sinks import connect, ensure_stream
-
+    """Publish n events as the relay would, but without waiting for each acknowledgement (core
+    NATS publishes the stream captures, flushed every 2,000), then wait until the stream holds them."""
     from django.conf import settings
+
+    from usage.sinks import connect, ensure_stream
 
     nc = await connect(url)
     js = nc.jetstream(timeout=30)
@@ -152,9 +154,11 @@ async def fill(url: str, n: int) -> float:
     prefix = settings.FAIRSHARE["USAGE_SUBJECT_PREFIX"]
     start = time.perf_counter()
     for first in range(0, n, 2000):
-        batch = [fake_event(i) for i in range(first, min(n, first + 2000))]
-        await asyncio.gather(*(js.publish(f"{prefix}.{subject}", payload, headers={"Nats-Msg-Id": ev})
-                               for ev, payload, subject in batch))
+        for ev, payload, subject in (fake_event(i) for i in range(first, min(n, first + 2000))):
+            await nc.publish(f"{prefix}.{subject}", payload, headers={"Nats-Msg-Id": ev})
+        await nc.flush(timeout=30)
+    while (await js.stream_info(settings.FAIRSHARE["USAGE_STREAM"])).state.messages < n:
+        await asyncio.sleep(0.1)
     seconds = time.perf_counter() - start
     await nc.close()
     return seconds

@@ -68,7 +68,8 @@ async def connect(url: str):
 
 class NatsSink(Sink):
     """JetStream: each event published with its id as `Nats-Msg-Id` (the stream's de-duplication),
-    a batch's publishes in flight together, in outbox order, each awaited for its acknowledgement."""
+    a batch's publishes in flight together, in outbox order, each awaited for its acknowledgement
+    (publish_async: one reply subscription for them all, about 30 µs of client CPU an event)."""
 
     ACK_TIMEOUT_S = 5.0
 
@@ -102,14 +103,10 @@ class NatsSink(Sink):
             raise SinkUnavailable(f"{type(exc).__name__}: {exc}") from exc
 
     async def _publish(self, events: list[OutgoingEvent]) -> None:
-        # Started in order (each writes its PUB before the next starts), acknowledged in any order;
-        # the first alone, as it sets up the connection's reply subscription (which waits).
-        first, *rest = events
-        await self._one(first)
-        await asyncio.gather(*(self._one(e) for e in rest))
-
-    async def _one(self, e: OutgoingEvent) -> None:
-        await self.js.publish(f"{self.prefix}.{e.subject}", e.payload, headers={"Nats-Msg-Id": e.event_id})
+        # Sent in order, one after the other without waiting; then every acknowledgement awaited.
+        acks = [await self.js.publish_async(f"{self.prefix}.{e.subject}", e.payload,
+                                            headers={"Nats-Msg-Id": e.event_id}) for e in events]
+        await asyncio.wait_for(asyncio.gather(*acks), self.ACK_TIMEOUT_S)
 
     def close(self) -> None:
         if self.nc is not None:
