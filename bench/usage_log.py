@@ -74,13 +74,24 @@ class EventsChain(peers.Fairshare):
         self.lags: list[tuple[int, float]] = []
 
     def start(self, db_url: str, log_dir: Path) -> list:
-        stream = f"BENCH_{uuid.uuid4().hex[:8]}"
+        stream = self.stream = f"BENCH_{uuid.uuid4().hex[:8]}"
         env = h.cluster_env(workers=2, poll=0.1, DATABASE_URL=db_url, FAIRSHARE_USAGE_NATS_URL=self.url,
-                            FAIRSHARE_USAGE_STREAM=stream, FAIRSHARE_USAGE_SUBJECT_PREFIX=stream.lower())
+                            FAIRSHARE_USAGE_STREAM=stream, FAIRSHARE_USAGE_SUBJECT_PREFIX=stream.lower(),
+                            FAIRSHARE_USAGE_MAX_BYTES=str(1024 ** 3))
         self.polls, self.lags = 0, []
         cluster = h.start_cluster(env, log_dir / f"{self.key}.log")
         relay = h.processes.Cluster("default", env, log_dir / "usage-relay.log", command="usage_relay")
         return [cluster, relay]
+
+    def cleanup(self) -> None:
+        """The round's stream goes: a stream reserves its FAIRSHARE_USAGE_MAX_BYTES on the server."""
+        from usage.sinks import connect
+
+        async def delete():
+            nc = await connect(self.url)
+            await nc.jetstream().delete_stream(self.stream)
+            await nc.close()
+        asyncio.run(delete())
 
     def remaining(self, count, n: int) -> int:
         self.polls += 1
@@ -174,6 +185,7 @@ def bench_replay(args, url: str) -> dict:
     settings.FAIRSHARE["USAGE_STREAM"] = "BENCH_REPLAY"
     settings.FAIRSHARE["USAGE_SUBJECT_PREFIX"] = "bench.usage"
     settings.FAIRSHARE["USAGE_DUPLICATE_WINDOW_S"] = 10
+    settings.FAIRSHARE["USAGE_MAX_BYTES"] = 4 * 1024 ** 3  # reserved on the server: the events' ~0.7 GB fit
     load_start = os.getloadavg()[0]
     h.log(f"replay: publishing {args.events} events")
     publish_s = asyncio.run(fill(url, args.events))

@@ -20,7 +20,8 @@ SETTINGS = (
             doc="the stream keeps an event this long (a year and a month of bills); 0: no age limit"),
     Setting("USAGE_MAX_BYTES", "FAIRSHARE_USAGE_MAX_BYTES", 16 * 1024 ** 3, parse=int, unit="bytes",
             shown_default="16 GiB",
-            doc="the stream drops its oldest events beyond this size (an event is about 600 bytes); -1: no limit"),
+            doc="the stream drops its oldest events beyond this size (an event is about 600 bytes); the server "
+                "reserves it in its JetStream store when the stream is made; -1: no limit"),
     Setting("USAGE_DUPLICATE_WINDOW_S", "FAIRSHARE_USAGE_DUPLICATE_WINDOW_S", 600, parse=int, unit="s",
             doc="the stream drops an event whose id it stored this recently (a relay that died between publishing "
                 "and deleting publishes it again)"),

@@ -62,10 +62,11 @@ class Backoff:
 
 
 def run(sink: Sink, *, poll_s: float, stop=lambda: False) -> None:
-    """Relay until `stop()` says so: while rows wait, round after round; when none, a look every
-    `poll_s`; while the log is down, again after a back-off (the outbox keeps everything)."""
-    with connection.cursor() as cursor:
-        cursor.execute("SELECT pg_advisory_lock(%s)", [RELAY_LOCK])
+    """Relay until `stop()` says so, once no other relay runs: while rows wait, round after round;
+    when none, a look every `poll_s`; while the log is down, again after a back-off (the outbox
+    keeps everything)."""
+    if not _take_the_relay_lock(poll_s=poll_s, stop=stop):
+        return
     backoff = Backoff()
     try:
         while not stop():
@@ -84,3 +85,18 @@ def run(sink: Sink, *, poll_s: float, stop=lambda: False) -> None:
         sink.close()
         with connection.cursor() as cursor:
             cursor.execute("SELECT pg_advisory_unlock(%s)", [RELAY_LOCK])
+
+
+def _take_the_relay_lock(*, poll_s: float, stop) -> bool:
+    """Wait for the relay's lock (another relay holds it while it runs); False if told to stop first."""
+    waiting = False
+    while not stop():
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT pg_try_advisory_lock(%s)", [RELAY_LOCK])
+            if cursor.fetchone()[0]:
+                return True
+        if not waiting:
+            log.info("usage relay: another relay runs; waiting for it to stop")
+            waiting = True
+        time.sleep(max(poll_s, 1.0))
+    return False

@@ -22,6 +22,11 @@ from budgets.models import UsageDay
 COLUMNS = {"runs": "runs", "cpu_used_ms": "cpu_ms", "wall_ms": "wall_ms", "db_wait_ms": "db_wait_ms",
            "storage_wait_ms": "storage_wait_ms"}
 Key = tuple[int, str, dt.date]  # account, queue, budget day
+VERSION = 1  # the event format this replay reads (docs/usage-log.md)
+
+
+class UnknownVersion(ValueError):
+    """An event of a format this code does not know: summing it as version 1 could be wrong."""
 
 
 @dataclass
@@ -61,6 +66,9 @@ def rebuild(events: Iterable[dict], *, first_day: dt.date, last_day: dt.date,
     out = Rebuilt()
     seen: set[str] = set()
     for event in events:
+        if event.get("v") != VERSION:
+            raise UnknownVersion(f"event {event.get('id')} is of version {event.get('v')}; this replay reads "
+                                 f"version {VERSION} (docs/usage-log.md)")
         if event.get("type") not in ("run.settled", "run.revived"):
             continue
         if event["id"] in seen:

@@ -28,6 +28,10 @@ def usage_on(settings):
         cursor.execute(f"RESET {EVENTS_GUC}")
 
 
+# A stream reserves its byte limit on the server (16 GiB by default): a test's needs little.
+SMALL = {"USAGE_MAX_BYTES": 64 * 1024 ** 2}
+
+
 def nats_url() -> str:
     url = os.environ.get("FAIRSHARE_TEST_NATS_URL")
     if not url:
@@ -41,7 +45,7 @@ def stream(settings):
     url = nats_url()
     tag = uuid.uuid4().hex[:10]
     settings.FAIRSHARE = {**settings.FAIRSHARE, "USAGE_NATS_URL": url, "USAGE_STREAM": f"TEST_{tag}",
-                          "USAGE_SUBJECT_PREFIX": f"test{tag}.usage"}
+                          "USAGE_SUBJECT_PREFIX": f"test{tag}.usage", **SMALL}
     yield settings.FAIRSHARE
     delete_stream(url, settings.FAIRSHARE["USAGE_STREAM"])
 
@@ -110,6 +114,6 @@ def private_nats(tmp_path, settings):
         needs_service("nats-server", "install it (Debian: nats-server) so a test can restart a server of its own")
     server = PrivateNats(free_port(), tmp_path / "nats-store", tmp_path / "nats-server.log")
     server.start()
-    settings.FAIRSHARE = {**settings.FAIRSHARE, "USAGE_NATS_URL": server.url}
+    settings.FAIRSHARE = {**settings.FAIRSHARE, "USAGE_NATS_URL": server.url, **SMALL}
     yield server
     server.kill()

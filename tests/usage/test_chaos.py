@@ -39,7 +39,8 @@ def test_every_settled_run_has_one_event_after_killed_workers_and_a_nats_restart
     # usage_on: this process reclaims the killed runs' slots (the every-minute job's work, as a
     # worker with FAIRSHARE_USAGE_NATS_URL would), so its connection writes events too.
     Budget.objects.create(account=account, queue="default", cpu_seconds_per_day=100_000, max_concurrent=4)
-    usage_env = {"FAIRSHARE_USAGE_NATS_URL": private_nats.url}
+    usage_env = {"FAIRSHARE_USAGE_NATS_URL": private_nats.url,
+                 "FAIRSHARE_USAGE_MAX_BYTES": str(settings.FAIRSHARE["USAGE_MAX_BYTES"])}
     cluster = start_cluster("default", FAIRSHARE_WORKERS="3", FAIRSHARE_RESERVATION_LEASE="3",
                             FAIRSHARE_RESERVATION_HEARTBEAT="0.5", FAIRSHARE_TASK_TIMEOUT="30", **usage_env)
     relay = Cluster("default", worker_env(export_root, **usage_env), tmp_path / "usage-relay.log",

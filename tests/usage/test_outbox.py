@@ -161,3 +161,10 @@ def test_other_accounts_days_are_kept_apart(acme, day, usage_on):
     rebuilt = replay.rebuild(events(), first_day=day, last_day=day, account=other.pk)
     assert list(rebuilt.totals) == [(other.pk, QUEUE, day)]
     assert rebuilt.totals[(other.pk, QUEUE, day)].cpu_used_ms == 10 * other.pk
+
+
+def test_the_replay_refuses_an_event_of_a_version_it_does_not_know(day):
+    event = {"v": 2, "id": "x", "type": "run.settled", "day": day.isoformat(), "account": 1, "queue": QUEUE,
+             "charged": {"runs": 1}}
+    with pytest.raises(replay.UnknownVersion, match="version 2"):
+        replay.rebuild([event], first_day=day, last_day=day)

@@ -86,7 +86,8 @@ def relay_process(settings, **env: str) -> subprocess.CompletedProcess:
     environ = processes.worker_env(
         DJANGO_SETTINGS_MODULE="config.settings", FAIRSHARE_TESTING="1",
         FAIRSHARE_USAGE_NATS_URL=conf["USAGE_NATS_URL"], FAIRSHARE_USAGE_STREAM=conf["USAGE_STREAM"],
-        FAIRSHARE_USAGE_SUBJECT_PREFIX=conf["USAGE_SUBJECT_PREFIX"], FAIRSHARE_USAGE_RELAY_BATCH="4", **env)
+        FAIRSHARE_USAGE_SUBJECT_PREFIX=conf["USAGE_SUBJECT_PREFIX"], FAIRSHARE_USAGE_MAX_BYTES=str(conf["USAGE_MAX_BYTES"]),
+        FAIRSHARE_USAGE_RELAY_BATCH="4", **env)
     return subprocess.run([sys.executable, "manage.py", "usage_relay", "--once"], env=environ,
                           capture_output=True, text=True, timeout=60)
 

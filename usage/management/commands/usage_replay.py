@@ -60,6 +60,8 @@ class Command(BaseCommand):
                                      last_day=last_day, account=account)
         except OSError as exc:
             raise CommandError(f"NATS is unavailable: {exc}") from exc
+        except replay.UnknownVersion as exc:
+            raise CommandError(str(exc)) from exc
         span = f"{first_day if first_day != dt.date.min else 'the first day read'} to {last_day}"
         self.stdout.write(f"read {rebuilt.events} run events ({rebuilt.duplicates} duplicates dropped), "
                           f"days {span}, {len(rebuilt.totals)} account-queue-days")
