@@ -62,8 +62,8 @@ class Backoff:
 
 
 def run(sink: Sink, *, poll_s: float, stop=lambda: False) -> None:
-    """Relay until `stop()` says so, once no other relay runs: while rows wait, round after round;
-    when none, a look every `poll_s`; while the log is down, again after a back-off (the outbox
+    """Relay until `stop()` says so, once no other relay runs: while full batches wait, round after
+    round; once caught up, a look every `poll_s`; while the log is down, again after a back-off (the outbox
     keeps everything)."""
     if not _take_the_relay_lock(poll_s=poll_s, stop=stop):
         return
@@ -79,7 +79,10 @@ def run(sink: Sink, *, poll_s: float, stop=lambda: False) -> None:
                 time.sleep(wait)
                 continue
             backoff.succeeded()
-            if not moved:
+            if moved < settings.FAIRSHARE["USAGE_RELAY_BATCH"]:
+                # Caught up: wait before the next look, so that what comes meanwhile goes in one round
+                # (a round per event costs the relay and the database a round trip each; the lag this
+                # adds is at most `poll_s`).
                 time.sleep(poll_s)
     finally:
         sink.close()
