@@ -15,7 +15,8 @@ class Command(BaseCommand):
 
     def add_arguments(self, parser):
         parser.add_argument("--poll", type=float, default=0.2,
-                            help="seconds between looks at an empty outbox (default 0.2)")
+                            help="seconds between rounds once caught up (default 0.2): what comes meanwhile goes in one "
+                                 "round; the most this adds to an event's time to the stream")
         parser.add_argument("--once", action="store_true",
                             help="publish what the outbox holds now, then exit (1 if NATS is unavailable)")
 
