@@ -3,7 +3,7 @@
 
     .venv/bin/python bench/usage_log.py                      # chain 2,000 jobs x 3 rounds; replay 1,000,000 events
     .venv/bin/python bench/usage_log.py --jobs 1000 --rounds 2 --events 200000
-    .venv/bin/python bench/usage_log.py --skip-chain         # the replay only
+    .venv/bin/python bench/usage_log.py --skip-chain         # the triggers and the replay only
 
 1. The chain, as bench/peers.py measures it (its `measure`: a fresh database per system and round,
    N no-op jobs enqueued, then two workers drain them; jobs/s, machine CPU and the CPU of the
@@ -13,7 +13,11 @@
    The relay's lag (events in the outbox, age of the oldest) is sampled every 10th poll; its
    maximum over the drain says whether the relay keeps up. Goal: events on costs <= 10% of jobs/s
    and of CPU per job.
-2. Replay: N events (default 1,000,000, shaped as the triggers write them, 50 accounts, 2 queues,
+2. The triggers alone: S settlements (a slot activated, then charged: budgets.ledger, one process,
+   one connection) with the session's `fairshare_usage.events` on and off, alternating three
+   times; the CPU of the connection's PostgreSQL backend (/proc/<pid>/stat) and of this process per
+   settlement: what the outbox adds to a settlement, without the chain's processes around it.
+3. Replay: N events (default 1,000,000, shaped as the triggers write them, 50 accounts, 2 queues,
    7 days) published to a stream of a private nats-server, then `usage.replay.read_stream` +
    `rebuild` (what `usage_replay` does) times reading them back and summing them: events/s.
 
@@ -140,6 +144,61 @@ def bench_chain(args, url: str, log_dir: Path) -> dict:
     return {"systems": summary, "rounds": rounds, "ratios_on_over_off": ratios}
 
 
+def bench_triggers(args) -> dict:
+    from django.db import connection, transaction
+
+    from budgets import clock, ledger
+    from budgets.models import Account, Budget, UsageDay
+    from scheduling import holding
+    from scheduling.envelope import Envelope
+    from scheduling.metering import Meter
+    from scheduling.models import Outcome
+    from scheduling.services import RunEnd, task_run_new
+    from usage.conf import EVENTS_GUC
+
+    account = Account.objects.create(slug=f"usage-bench-{uuid.uuid4().hex[:6]}", name="usage bench")
+    Budget.objects.create(account=account, queue="default", cpu_seconds_per_day=10 ** 6, max_concurrent=10)
+    day = clock.budget_day()
+    UsageDay.objects.get_or_create(account=account, queue="default", day=day)
+    meter = Meter(cpu_ms=1, wall_ms=2)
+
+    def settle_one(i: int) -> None:
+        ref = f"t{i}"
+        run = task_run_new(job="scheduling.noop", queue="default", account_id=account.pk, ref=ref)
+        with transaction.atomic():
+            ledger.lock(account_id=account.pk, queue="default")
+            state = ledger.standing(account_id=account.pk, queue="default", day=day)
+            slot = ledger.activate(envelope=Envelope(job="scheduling.noop", account=account.pk, ref=ref),
+                                   queue="default", state=state, day=day, own=None, reserve_ms=10, run=run, worker="b")
+        ledger.charge(slot_id=slot, account_id=account.pk, queue="default", meter=meter, cap_hit=False,
+                      end=RunEnd(meter=meter, outcome=Outcome.SUCCEEDED), now=holding.clock.now())
+
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT pg_backend_pid()")
+        backend = cursor.fetchone()[0]
+
+    def backend_s() -> float:
+        fields = Path(f"/proc/{backend}/stat").read_text().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+    per = {"off": [], "on": []}
+    i = 0
+    for _ in range(args.settlements // 10):  # warm-up: plans, PL/pgSQL compiled
+        settle_one(i := i + 1)
+    for mode in ("off", "on") * 3:
+        with connection.cursor() as cursor:
+            cursor.execute(f"SET {EVENTS_GUC} = %s", ["1" if mode == "on" else "0"])
+        b0, c0 = backend_s(), time.process_time()
+        for _ in range(args.settlements):
+            settle_one(i := i + 1)
+        per[mode].append(((backend_s() - b0) * 1e6 / args.settlements, (time.process_time() - c0) * 1e6 / args.settlements))
+        h.log(f"triggers {mode}: backend {per[mode][-1][0]:.0f} us, client {per[mode][-1][1]:.0f} us per settlement")
+    return {"settlements": args.settlements,
+            "backend_us_per_settlement": {m: h.median([b for b, _ in v]) for m, v in per.items()},
+            "client_us_per_settlement": {m: h.median([c for _, c in v]) for m, v in per.items()},
+            "rounds": per, "loadavg_1m_end": os.getloadavg()[0]}
+
+
 def fake_event(i: int) -> tuple[str, bytes, str]:
     account, queue, day = 1 + i % 50, ("default", "exports")[i % 2], f"2026-12-{1 + i % 7:02d}"
     ev = str(uuid.uuid4())
@@ -207,13 +266,14 @@ def main(argv=None) -> int:
     p.add_argument("--rounds", type=int, default=3, help="rounds, events off and on in each (default 3)")
     p.add_argument("--events", type=int, default=1_000_000, help="events the replay reads back (default 1,000,000)")
     p.add_argument("--timeout", type=float, default=600, help="seconds a drain may take before the run fails")
-    p.add_argument("--skip-chain", action="store_true", help="the replay only")
+    p.add_argument("--settlements", type=int, default=1500, help="settlements per triggers round (default 1500)")
+    p.add_argument("--skip-chain", action="store_true", help="the triggers and the replay only")
+    p.add_argument("--skip-triggers", action="store_true")
     p.add_argument("--skip-replay", action="store_true", help="the chain only")
     p.add_argument("--json", type=Path, default=h.RESULTS_DIR / "usage_log.json")
     args = p.parse_args(argv)
-    h.install_cleanup()
-    h.configure_environment(peers.server_url("postgres"), test_jobs=False)
-    h.setup_django()
+    # Django on a database of its own (the triggers' part writes there); the chain's rounds make theirs.
+    h.prepare(f"{DB_PREFIX}_triggers", fresh=True, drop=True, test_jobs=False)
     info = h.machine_info(peers.server_url("postgres"))
     store = Path(tempfile.mkdtemp(prefix="fairshare-bench-nats-"))
     h.at_exit(lambda: shutil.rmtree(store, ignore_errors=True))
@@ -225,6 +285,8 @@ def main(argv=None) -> int:
                "parameters": {"jobs": args.jobs, "rounds": args.rounds, "events": args.events}}
     if not args.skip_chain:
         results["chain"] = bench_chain(args, url, log_dir)
+    if not args.skip_triggers:
+        results["triggers"] = bench_triggers(args)
     if not args.skip_replay:
         results["replay"] = bench_replay(args, url)
     info["loadavg_end"] = list(os.getloadavg())
@@ -248,6 +310,10 @@ def main(argv=None) -> int:
         print(f"{'PASS' if r['jobs_per_s'] >= 0.9 else 'MISS'}  events on keep >= 0.90x jobs/s")
         print(f"{'PASS' if r['own_cpu_s_per_1000'] <= 1.1 else 'MISS'}  events on cost <= 1.10x CPU per job "
               "(its processes')")
+    if "triggers" in results:
+        b, c = results["triggers"]["backend_us_per_settlement"], results["triggers"]["client_us_per_settlement"]
+        print(f"\ntriggers: a settlement's PostgreSQL backend CPU {b['off']:.0f} us off, {b['on']:.0f} us on "
+              f"(+{b['on'] - b['off']:.0f} us); this process {c['off']:.0f} / {c['on']:.0f} us (medians of 3)")
     if "replay" in results:
         x = results["replay"]
         print(f"\nreplay: {x['events']:,} events read back and summed in {x['replay_s']:.1f} s = "
