@@ -6,12 +6,13 @@ again when it restarts, and the log drops them as duplicates (the event id is th
 log that is down leaves the rows where they are, and the relay tries again. One relay at a time:
 it holds a PostgreSQL advisory lock for as long as it runs (a second one waits for it).
 """
+import contextlib
 import logging
 import time
 from dataclasses import dataclass
 
 from django.conf import settings
-from django.db import connection
+from django.db import DatabaseError, connection
 
 from scheduling.faults import fault_point
 from usage.models import UsageEvent
@@ -85,8 +86,10 @@ def run(sink: Sink, *, poll_s: float, stop=lambda: False) -> None:
                 # adds is at most `poll_s`).
                 time.sleep(poll_s)
     finally:
+        # A database error ends the relay (its supervisor starts it again): the lock is its session's,
+        # and a connection Django opened anew would relay without it.
         sink.close()
-        with connection.cursor() as cursor:
+        with contextlib.suppress(DatabaseError), connection.cursor() as cursor:
             cursor.execute("SELECT pg_advisory_unlock(%s)", [RELAY_LOCK])
 
 

@@ -55,15 +55,18 @@ class Start:
 
 @dataclass
 class Rebuilt:
+    first_day: dt.date | None  # the first day rebuilt whole (None: no run event read)
     totals: dict[Key, Totals] = field(default_factory=dict)
     events: int = 0  # run events read and counted
     duplicates: int = 0  # events whose id was read before
 
 
-def rebuild(events: Iterable[dict], *, first_day: dt.date, last_day: dt.date,
+def rebuild(events: Iterable[dict], *, first_day: dt.date | None, last_day: dt.date,
             account: int | None = None) -> Rebuilt:
-    """Sum the run events' `charged` figures per account, queue and day within the days."""
-    out = Rebuilt()
+    """Sum the run events' `charged` figures per account, queue and day within the days. Without
+    `first_day` (a read from a sequence, which may start in the middle of a day), the first whole
+    day is the one after the first run event's."""
+    out = Rebuilt(first_day=first_day)
     seen: set[str] = set()
     for event in events:
         if event.get("v") != VERSION:
@@ -76,6 +79,8 @@ def rebuild(events: Iterable[dict], *, first_day: dt.date, last_day: dt.date,
             continue
         seen.add(event["id"])
         day = dt.date.fromisoformat(event["day"])
+        if out.first_day is None:
+            out.first_day = first_day = day + dt.timedelta(days=1)
         if not first_day <= day <= last_day or (account is not None and event["account"] != account):
             continue
         out.events += 1

@@ -168,3 +168,13 @@ def test_the_replay_refuses_an_event_of_a_version_it_does_not_know(day):
              "charged": {"runs": 1}}
     with pytest.raises(replay.UnknownVersion, match="version 2"):
         replay.rebuild([event], first_day=day, last_day=day)
+
+
+def test_a_read_from_a_sequence_rebuilds_from_the_day_after_its_first_event(day):
+    def event(n: int, on: dt.date) -> dict:
+        return {"v": 1, "id": f"e{n}", "type": "run.settled", "day": on.isoformat(), "account": 1, "queue": QUEUE,
+                "charged": {"runs": 1, "cpu_ms": 10}}
+    tomorrow = day + dt.timedelta(days=1)
+    rebuilt = replay.rebuild([event(1, day), event(2, day), event(3, tomorrow)], first_day=None, last_day=tomorrow)
+    assert rebuilt.first_day == tomorrow  # the first day may have begun before the sequence: not whole
+    assert list(rebuilt.totals) == [(1, QUEUE, tomorrow)] and rebuilt.totals[(1, QUEUE, tomorrow)].runs == 1

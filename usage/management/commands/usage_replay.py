@@ -12,11 +12,11 @@ from usage import replay
 from usage.models import UsageEvent
 
 
-def parse_start(raw: str) -> tuple[replay.Start, dt.date]:
+def parse_start(raw: str) -> tuple[replay.Start, dt.date | None]:
     """`seq:N`, a budget day (YYYY-MM-DD: from its start in the budget zone) or an ISO time; with
     the first budget day the read is complete for."""
     if raw.startswith("seq:"):
-        return replay.Start(sequence=int(raw[4:])), dt.date.min
+        return replay.Start(sequence=int(raw[4:])), None  # the day after the first event's (replay.rebuild)
     try:
         day = dt.date.fromisoformat(raw)
     except ValueError:
@@ -36,8 +36,8 @@ class Command(BaseCommand):
     def add_arguments(self, parser):
         parser.add_argument("--since", required=True,
                             help="where to start reading: a budget day YYYY-MM-DD (from its first instant in the "
-                                 "budget zone), an ISO time, or seq:N (a stream sequence). Days before the first "
-                                 "whole one read are not compared")
+                                 "budget zone), an ISO time, or seq:N (a stream sequence: from the day after its "
+                                 "first event's). Days before the first whole one read are not compared")
         parser.add_argument("--until", type=dt.date.fromisoformat,
                             help="the last budget day to rebuild, YYYY-MM-DD (default: today's)")
         parser.add_argument("--account", type=int, help="only this account (its id)")
@@ -62,7 +62,11 @@ class Command(BaseCommand):
             raise CommandError(f"NATS is unavailable: {exc}") from exc
         except replay.UnknownVersion as exc:
             raise CommandError(str(exc)) from exc
-        span = f"{first_day if first_day != dt.date.min else 'the first day read'} to {last_day}"
+        first_day = rebuilt.first_day
+        if first_day is None:  # read from a sequence, and no run event there
+            self.stdout.write("no run event read: nothing to rebuild")
+            return
+        span = f"{first_day} to {last_day}"
         self.stdout.write(f"read {rebuilt.events} run events ({rebuilt.duplicates} duplicates dropped), "
                           f"days {span}, {len(rebuilt.totals)} account-queue-days")
         if waiting:
