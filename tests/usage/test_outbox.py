@@ -178,3 +178,14 @@ def test_a_read_from_a_sequence_rebuilds_from_the_day_after_its_first_event(day)
     rebuilt = replay.rebuild([event(1, day), event(2, day), event(3, tomorrow)], first_day=None, last_day=tomorrow)
     assert rebuilt.first_day == tomorrow  # the first day may have begun before the sequence: not whole
     assert list(rebuilt.totals) == [(1, QUEUE, tomorrow)] and rebuilt.totals[(1, QUEUE, tomorrow)].runs == 1
+
+
+def test_the_relay_and_the_replay_say_the_log_is_off_without_a_nats_url(settings):
+    from django.core.management import call_command
+    from django.core.management.base import CommandError
+
+    settings.FAIRSHARE = {**settings.FAIRSHARE, "USAGE_NATS_URL": ""}
+    with pytest.raises(CommandError, match="FAIRSHARE_USAGE_NATS_URL is not set"):
+        call_command("usage_relay", "--once")
+    with pytest.raises(CommandError, match="FAIRSHARE_USAGE_NATS_URL is not set"):
+        call_command("usage_replay", "--since", "2026-12-01", "--check")
