@@ -25,6 +25,7 @@ from exports import conf as exports_conf
 from scheduling import conf as scheduling_conf
 from scheduling import testing
 from tasks import conf as tasks_conf
+from usage import conf as usage_conf
 
 # Before anything reads a seam: FAIRSHARE_FAULT & co. are refused outside the test suite.
 testing.refuse_seams_unless_testing()
@@ -63,6 +64,7 @@ INSTALLED_APPS = [
     "exports",
     "scheduling",
     "tasks",
+    "usage",
 ]
 
 MIDDLEWARE = [
@@ -145,6 +147,11 @@ DATABASE_SESSION_TIMEOUTS_S = {
 _options = DATABASES["default"].setdefault("OPTIONS", {})
 _options["options"] = " ".join(filter(None, [_options.get("options", ""), *(
     f"-c {name}={seconds}s" for name, seconds in DATABASE_SESSION_TIMEOUTS_S.items() if seconds)]))
+# The usage log (docs/usage-log.md): its triggers write events only on the connections of a process
+# that has FAIRSHARE_USAGE_NATS_URL (one setting of the session, read by the triggers), so without
+# it nothing is written and no outbox grows.
+if usage_conf.NATS_URL.read():
+    _options["options"] = " ".join(filter(None, [_options["options"], f"-c {usage_conf.EVENTS_GUC}=1"]))
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
 AUTH_PASSWORD_VALIDATORS = [
@@ -250,7 +257,7 @@ Q_CLUSTER = {
 FAIRSHARE = {
     **scheduling_conf.read_settings(
         scheduling_conf.SETTINGS, budgets_conf.SETTINGS, exports_conf.SETTINGS, tasks_conf.SETTINGS,
-        testing.SETTINGS),
+        usage_conf.SETTINGS, testing.SETTINGS),
     # Outer to inner, like MIDDLEWARE: each entry wraps everything below it.
     "TASK_MIDDLEWARE": [
         "scheduling.middleware.ContractMiddleware",

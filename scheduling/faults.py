@@ -20,7 +20,8 @@ claimed for this worker, by a hand-off or a pull, with its slot taken; not yet a
 door's consumer (tasks/management/commands/door.py): ``door_before_ack`` (the call and its message
 id committed, the message not yet acknowledged). In the worker pool: ``taken_not_started`` (a worker
 received its task from its sentinel, not started yet), and ``before_run`` (the task started in its
-worker, its run not admitted nor recorded yet).
+worker, its run not admitted nor recorded yet). In the usage relay (usage/relay.py):
+``usage_after_publish`` (a batch of events stored by the log, not yet deleted from the outbox).
 """
 import os
 import signal
@@ -32,7 +33,7 @@ PAUSE_MAX_S = 60
 
 POINTS = frozenset({"before_claim", "after_claim", "mid_stream", "after_publish", "before_notify", "after_complete",
                     "after_settle", "after_pass_on", "before_handoff", "before_send", "door_before_ack",
-                    "taken_not_started", "before_run"})
+                    "taken_not_started", "before_run", "usage_after_publish"})
 
 
 def fault_point(name: str) -> None:

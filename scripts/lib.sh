@@ -365,6 +365,46 @@ ensure_rabbitmq() {
 }
 
 # ---------------------------------------------------------------------------
+# ensure_nats
+#   Makes a NATS server with JetStream available for the usage log's tests and exports
+#   FAIRSHARE_TEST_NATS_URL (each test makes a stream of its own): starts `nats-server -js` (its
+#   store in a private folder) when nothing answers on 4222, installing Debian's nats-server with
+#   apt-get first when it is missing and we are root. Never fails the caller: without NATS its
+#   tests skip, and under CI=true they fail, naming it (tests/services.py).
+# ---------------------------------------------------------------------------
+ensure_nats() {
+  if [[ -n "${FAIRSHARE_TEST_NATS_URL:-}" ]]; then
+    log "using FAIRSHARE_TEST_NATS_URL=$(redact_url "$FAIRSHARE_TEST_NATS_URL") from the environment"
+    return 0
+  fi
+  if ! _tcp_open 127.0.0.1 4222; then
+    if ! command -v nats-server >/dev/null 2>&1; then
+      apt_install nats-server "the usage log's tests will skip (and fail under CI=true)" || true
+    fi
+    if command -v nats-server >/dev/null 2>&1; then
+      local store
+      store="$(mktemp -d "${TMPDIR:-/tmp}/fairshare-nats.XXXXXX")"
+      log "NATS not answering on 127.0.0.1:4222; starting nats-server -js (store in $store)"
+      nats-server -js -a 127.0.0.1 -p 4222 -sd "$store" >"$store/nats-server.log" 2>&1 &
+      FAIRSHARE_NATS_PID=$!
+      on_exit 'kill "$FAIRSHARE_NATS_PID" 2>/dev/null || true'
+      local i
+      for ((i = 0; i < 40; i++)); do
+        _tcp_open 127.0.0.1 4222 && break
+        sleep 0.25
+      done
+    fi
+  fi
+  if _tcp_open 127.0.0.1 4222; then
+    export FAIRSHARE_TEST_NATS_URL="nats://127.0.0.1:4222"
+    log "using FAIRSHARE_TEST_NATS_URL=$FAIRSHARE_TEST_NATS_URL"
+  else
+    log "NATS not available; tests that need it will skip (and fail under CI=true)"
+  fi
+  return 0
+}
+
+# ---------------------------------------------------------------------------
 # ensure_chromium
 #   The browser test drives Debian's chromium (/usr/bin/chromium) through Playwright: Playwright's
 #   own browser download cannot work on these machines. Installs it with apt-get when it is

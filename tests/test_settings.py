@@ -16,10 +16,11 @@ from exports import conf as exports_conf
 from scheduling import conf as scheduling_conf
 from scheduling import testing
 from tasks import conf as tasks_conf
+from usage import conf as usage_conf
 from tests.conftest import REPO, worker_env
 
 DECLARED = (*env.VARIABLES, *scheduling_conf.SETTINGS, *budgets_conf.SETTINGS, *exports_conf.SETTINGS,
-            *tasks_conf.SETTINGS, testing.TESTING, *testing.SEAMS)
+            *tasks_conf.SETTINGS, *usage_conf.SETTINGS, testing.TESTING, *testing.SEAMS)
 
 
 def test_the_readme_configuration_tables_are_the_declarations():

@@ -13,7 +13,7 @@ from tests.conftest import REPO, pause_at
 
 def named_points() -> set[str]:
     names = set()
-    for app in ("budgets", "exports", "scheduling", "tasks"):
+    for app in ("budgets", "exports", "scheduling", "tasks", "usage"):
         for path in (REPO / app).rglob("*.py"):
             for node in ast.walk(ast.parse(Path(path).read_text())):
                 if (isinstance(node, ast.Call) and getattr(node.func, "id", None) == "fault_point"
