@@ -1,6 +1,6 @@
 """The holding area (DeferredTask, counted in Backlog): work that may not run now waits here with its
 reason and the time it may go, instead of in the broker. Only this module (and the triggers that
-count it) writes these tables; other apps' hand-written statements use scheduling.sql.
+count it) writes these tables; other apps' hand-written statements use the SQL functions of migration 0023 (fairshare_*).
 
 The words, each in one sense:
 - hold: put a job in the holding area. It waits for a time of its own (a retry's back-off, a
@@ -11,7 +11,7 @@ The words, each in one sense:
   day: `hold` blocks it; `unblock` when an operator gives it more).
 - release: take held work out of the holding area and send it again; nothing else.
 - claim: a worker takes the first job of a line to run it itself, straight away, without a broker
-  round trip (budgets' statements, through scheduling.sql `claim`); the row stays, marked with the worker and a lease, until that
+  round trip (budgets' statements, budgets/ledger/queries.sql `claim`); the row stays, marked with the worker and a lease, until that
   run starts. A claim whose lease expired (its worker died) is claimable again (`claimable`).
 - park: keep a message of a newer envelope version than this process speaks, unchanged, for a
   worker that speaks it; parked messages are never claimed.
@@ -180,13 +180,13 @@ def in_line(*, account_id: int, queue: str) -> bool:
 
 def claim_held(*, job: str, ref: str, worker: str) -> bool:
     """Whether `worker` still holds its claim on the job (a claim: budgets' statements, through
-    scheduling.sql `claim`)."""
+    budgets/ledger/queries.sql `claim`)."""
     return DeferredTask.objects.filter(job=job, ref=ref, claimed_by=worker).exists()
 
 
 def release_first(*, account_id: int, queue: str, limit: int, let_go: Q | None = None) -> list[DeferredTask]:
     """Ring the doorbell again for the first `limit` jobs of the account's line; returns them
-    (`let_go`: held jobs whose claim expired that may be taken over, as scheduling.sql `claim`'s).
+    (`let_go`: held jobs whose claim expired that may be taken over, as budgets/ledger/queries.sql `claim`'s).
 
     Call it inside a transaction: the rows are locked (SKIP LOCKED, so concurrent callers take
     different ones) and sent once the caller commits.
