@@ -139,8 +139,8 @@ class RunEnd:
         return values
 
     def params(self) -> dict[str, Any]:
-        """`values` as a statement's parameters, each one given (outcome None: not known yet)."""
-        return {"outcome": None, "items": 0, "error_class": "", "error_message": "", **self.values()}
+        """`values` as a statement's parameters, each one given (None: not known yet, kept as it is)."""
+        return {"outcome": None, "items": None, "error_class": None, "error_message": None, **self.values()}
 
 
 def task_run_end(*, run_id: int, end: RunEnd) -> None:

@@ -22,7 +22,8 @@ RETURNING 1 AS locked;
 -- window: twice at most rate_starts TaskRun index entries.
 SELECT b.cpu_seconds_per_day::bigint * 1000 AS cpu_limit_ms, b.max_concurrent, u.id AS usage_id,
        COALESCE(u.cpu_used_ms, 0) AS cpu_used_ms, COALESCE(u.cpu_reserved_ms, 0) AS cpu_reserved_ms,
-       CASE WHEN o.id IS NULL THEN s.taken END AS in_flight, s.running AS active,
+       CASE WHEN o.id IS NULL THEN (SELECT taken FROM fairshare_taken(b.account_id, b.queue)) END AS in_flight,
+       (SELECT running FROM fairshare_running(b.account_id, b.queue, NULL)) AS active,
        (SELECT in_line FROM fairshare_in_line(b.account_id, b.queue)) AS in_line,
        COALESCE((SELECT k.blocked_until > %(now)s FROM scheduling_backlog k
                   WHERE k.account_id = b.account_id AND k.queue = b.queue), FALSE) AS blocked,
@@ -41,7 +42,6 @@ SELECT b.cpu_seconds_per_day::bigint * 1000 AS cpu_limit_ms, b.max_concurrent, u
   LEFT JOIN budgets_usageday u ON u.account_id = b.account_id AND u.queue = b.queue AND u.day = %(day)s
   LEFT JOIN LATERAL (SELECT MIN(j.id) AS id FROM fairshare_job_slots(b.account_id, b.queue, %(job)s, %(ref)s) j
                       WHERE j.status = 'dispatched') o ON TRUE
-  CROSS JOIN LATERAL fairshare_slots(b.account_id, b.queue, NULL) s
  WHERE b.account_id = %(account_id)s AND b.queue = %(queue)s;
 
 -- name: dispatch_or_hold
@@ -61,7 +61,7 @@ WITH a AS (
     LEFT JOIN budgets_usageday u ON u.account_id = b.account_id AND u.queue = b.queue AND u.day = %(day)s
    WHERE b.account_id = %(account_id)s AND b.queue = %(queue)s AND b.rate_starts IS NULL
      AND fairshare_unreserved(b.cpu_seconds_per_day, u.cpu_used_ms, u.cpu_reserved_ms) > 0
-     AND b.max_concurrent > (SELECT taken FROM fairshare_slots(b.account_id, b.queue, NULL))
+     AND b.max_concurrent > (SELECT taken FROM fairshare_taken(b.account_id, b.queue))
      AND NOT EXISTS (SELECT 1 FROM fairshare_job_slots(b.account_id, b.queue, %(job)s, %(ref)s) j
                       WHERE j.status = 'dispatched')),
 d AS (
@@ -109,7 +109,7 @@ o AS (
   FOR UPDATE),
 s AS (
   SELECT o.id AS own_id, b.cpu_seconds_per_day FROM b, o
-   WHERE (SELECT running FROM fairshare_slots(b.account_id, b.queue, NULL)) < b.max_concurrent
+   WHERE (SELECT running FROM fairshare_running(b.account_id, b.queue, NULL)) < b.max_concurrent
      AND b.rate_starts IS NULL),
 u AS (
   UPDATE budgets_usageday AS day_usage SET cpu_reserved_ms = day_usage.cpu_reserved_ms + %(reserve_ms)s FROM s
@@ -239,7 +239,7 @@ SELECT c.account_id, c.taken::float / c.weight AS share FROM (
          COALESCE(b.weight, 1) AS weight, s.taken
     FROM fairshare_ready_accounts(%(queue)s) k
     LEFT JOIN budgets_budget b ON b.account_id = k.account_id AND b.queue = %(queue)s
-   CROSS JOIN LATERAL fairshare_slots(k.account_id, %(queue)s, NULL) s) c
+   CROSS JOIN LATERAL fairshare_taken(k.account_id, %(queue)s) s) c
  WHERE c.taken < c.max_concurrent
  ORDER BY c.taken::float / c.weight, c.head_since
  LIMIT %(limit)s;
@@ -251,8 +251,8 @@ SELECT c.account_id, c.taken::float / c.weight AS share FROM (
 -- slot carried of the runs it was passed on from), its run's end recorded (`t`). With %(pass_on)s,
 -- the slot passes on in the same statement to the first job of the account's line (`h`, claimed as
 -- `claim` does), when the run is of today, reserved from the day and left at least half a step,
--- nothing pauses the account, fewer run than its cap, it has no rate limit, no other account's
--- line comes first (then the slot goes by the fair order: a pull) and no job waits in the broker:
+-- and the rule fairshare_may_pass_on lets it (no pause, below its cap, no rate limit, no other
+-- account's turn first: then the slot goes by the fair order, a pull; no job waiting in the broker):
 -- its slot inserted ACTIVE (`n`) with what the run left of its reservation (at most a step), its
 -- run recorded (`s`); `c` gives back only the rest. Carried charges (`k`): a pass-on whose run
 -- gives nothing back and hit no cap charges nothing; the new slot carries the run's figures on,
@@ -261,14 +261,12 @@ SELECT c.account_id, c.taken::float / c.weight AS share FROM (
 -- be charged at once, and a cap stays exact; then the pass-on writes none of the rows its
 -- account's other workers write too. Slots taken and running, and used + reserved CPU, never grow.
 -- What the settling worker asks next (its account's line, any line that could go, another
--- account's turn) is read only when the slot was not passed on (a sub-select of a CASE branch not
--- taken is not run). Reads the slot and usage row by key, Backlog (by key; index backlog_ready),
+-- account's turn) is read only when the slot was not passed on (AND stops at its first false). Reads the slot and usage row by key, Backlog (by key; index backlog_ready),
 -- passing on the first unclaimed rows of the account's line (index deferred_line) and the queue's
 -- slots sent in the broker window.
 WITH r AS (
   DELETE FROM budgets_reservation WHERE id = %(slot_id)s
-  RETURNING id, task_run_id, day, status, cpu_reserved_ms, cpu_charged_ms, carried_runs, carried_cpu_ms,
-            carried_wall_ms, carried_db_wait_ms, carried_storage_wait_ms, carried_since),
+  RETURNING *, (status = 'active')::int AS ran, cpu_reserved_ms - %(cpu_ms)s AS left_ms),
 h AS (
   UPDATE scheduling_deferredtask SET claimed_by = %(worker)s, claim_expires_at = %(claim_expires_at)s
    WHERE id = (
@@ -277,29 +275,22 @@ h AS (
         AND (d.claim_expires_at IS NULL OR (d.claim_expires_at < %(now)s
              AND NOT EXISTS (SELECT 1 FROM fairshare_job_slots(d.account_id, d.queue, d.job, d.ref))))
         AND %(pass_on)s
-        AND EXISTS (SELECT 1 FROM r, budgets_budget b, fairshare_slots(%(account_id)s, %(queue)s, r.id) s
-                     WHERE r.status = 'active' AND r.day = %(today)s AND r.cpu_charged_ms = 0
-                       AND r.cpu_reserved_ms - %(cpu_ms)s >= %(keep_at_least)s
-                       AND b.account_id = %(account_id)s AND b.queue = %(queue)s AND b.rate_starts IS NULL
-                       AND s.running < b.max_concurrent)
-        AND NOT EXISTS (SELECT 1 FROM fairshare_pauses(%(account_id)s, %(queue)s))
-        AND NOT (SELECT others_waiting FROM fairshare_others_ready(%(account_id)s, %(queue)s))
-        AND NOT (SELECT waiting FROM fairshare_broker_waiting(%(queue)s, %(broker_since)s, %(broker_forgets)s))
+        AND EXISTS (SELECT 1 FROM r WHERE r.ran = 1 AND r.day = %(today)s AND r.cpu_charged_ms = 0
+                       AND r.left_ms >= %(keep_at_least)s
+                       AND (SELECT may FROM fairshare_may_pass_on(%(account_id)s, %(queue)s, r.id, %(broker_since)s,
+                                                                  %(broker_forgets)s)))
       ORDER BY d.priority DESC, d.in_line_since, d.id LIMIT 1 FOR UPDATE SKIP LOCKED)
   RETURNING job, ref, priority),
 k AS (
-  SELECT CASE WHEN EXISTS (SELECT 1 FROM h) AND %(carry)s AND %(cap_hits)s = 0
-                   AND r.cpu_reserved_ms - %(cpu_ms)s <= %(step_ms)s
-                   AND COALESCE(r.carried_since, %(created_at)s) > %(carry_since)s THEN 1 ELSE 0 END AS carry
-    FROM r),
+  SELECT (p.passed AND %(carry)s AND %(cap_hits)s = 0 AND r.left_ms <= %(step_ms)s
+          AND COALESCE(r.carried_since, %(created_at)s) > %(carry_since)s)::int AS carry, p.passed::int AS passed
+    FROM r, (SELECT EXISTS (SELECT 1 FROM h) AS passed) p),
 c AS (
   UPDATE budgets_usageday AS u
      SET cpu_used_ms = u.cpu_used_ms + GREATEST(%(cpu_ms)s - r.cpu_charged_ms, 0) + r.carried_cpu_ms,
-         cpu_reserved_ms = u.cpu_reserved_ms - CASE WHEN r.status = 'active' THEN r.cpu_reserved_ms ELSE 0 END
-                           - r.carried_cpu_ms
-                           + CASE WHEN EXISTS (SELECT 1 FROM h) THEN LEAST(r.cpu_reserved_ms - %(cpu_ms)s, %(step_ms)s)
-                                  ELSE 0 END,
-         runs = u.runs + CASE WHEN r.status = 'active' THEN 1 ELSE 0 END + r.carried_runs,
+         cpu_reserved_ms = u.cpu_reserved_ms - r.ran * r.cpu_reserved_ms - r.carried_cpu_ms
+                           + k.passed * LEAST(r.left_ms, %(step_ms)s),
+         runs = u.runs + r.ran + r.carried_runs,
          wall_ms = u.wall_ms + %(wall_ms)s + r.carried_wall_ms,
          db_wait_ms = u.db_wait_ms + %(db_wait_ms)s + r.carried_db_wait_ms,
          storage_wait_ms = u.storage_wait_ms + %(storage_wait_ms)s + r.carried_storage_wait_ms,
@@ -310,16 +301,13 @@ t AS (
   UPDATE scheduling_taskrun
      SET finished_at = %(finished_at)s, cpu_ms = %(cpu_ms)s, wall_ms = %(wall_ms)s, db_wait_ms = %(db_wait_ms)s,
          storage_wait_ms = %(storage_wait_ms)s, peak_rss_kb = %(peak_rss_kb)s,
-         outcome = COALESCE(%(outcome)s::varchar, outcome),
-         items = CASE WHEN %(outcome)s::varchar IS NULL THEN items ELSE %(items)s END,
-         error_class = CASE WHEN %(outcome)s::varchar IS NULL THEN error_class ELSE %(error_class)s END,
-         error_message = CASE WHEN %(outcome)s::varchar IS NULL THEN error_message ELSE %(error_message)s END
+         outcome = COALESCE(%(outcome)s, outcome), items = COALESCE(%(items)s, items),
+         error_class = COALESCE(%(error_class)s, error_class), error_message = COALESCE(%(error_message)s, error_message)
    WHERE id = (SELECT task_run_id FROM r)),
 s AS (
-  INSERT INTO scheduling_taskrun (account_id, job, queue, ref, worker, started_at, finished_at, outcome, cpu_ms,
-                                  wall_ms, db_wait_ms, storage_wait_ms, items, peak_rss_kb, error_class, error_message)
-  SELECT %(account_id)s, h.job, %(queue)s, h.ref, %(worker)s, %(run_started_at)s, NULL, 'running', 0, 0, 0, 0, 0, 0,
-         '', ''
+  INSERT INTO scheduling_taskrun (account_id, job, queue, ref, worker, started_at, outcome, cpu_ms, wall_ms,
+                                  db_wait_ms, storage_wait_ms, items, peak_rss_kb, error_class, error_message)
+  SELECT %(account_id)s, h.job, %(queue)s, h.ref, %(worker)s, %(run_started_at)s, 'running', 0, 0, 0, 0, 0, 0, '', ''
     FROM h RETURNING id),
 n AS (
   INSERT INTO budgets_reservation (account_id, queue, day, job, ref, status, lease_expires_at, created_at, worker,
@@ -327,21 +315,18 @@ n AS (
                                    carried_cpu_ms, carried_wall_ms, carried_db_wait_ms, carried_storage_wait_ms,
                                    carried_since)
   SELECT %(account_id)s, %(queue)s, r.day, h.job, h.ref, 'active', %(slot_lease)s, %(created_at)s, %(worker)s,
-         LEAST(r.cpu_reserved_ms - %(cpu_ms)s, %(step_ms)s), 0, 0, (SELECT id FROM s),
+         LEAST(r.left_ms, %(step_ms)s), 0, 0, (SELECT id FROM s),
          k.carry * (r.carried_runs + 1), k.carry * (r.carried_cpu_ms + %(cpu_ms)s),
          k.carry * (r.carried_wall_ms + %(wall_ms)s), k.carry * (r.carried_db_wait_ms + %(db_wait_ms)s),
          k.carry * (r.carried_storage_wait_ms + %(storage_wait_ms)s),
          CASE WHEN k.carry = 1 THEN COALESCE(r.carried_since, %(created_at)s) END
     FROM h, r, k
-  RETURNING job, ref, id, task_run_id, cpu_reserved_ms)
-SELECT r.task_run_id, r.status,
-       CASE WHEN n.id IS NULL THEN (SELECT in_line FROM fairshare_in_line(%(account_id)s, %(queue)s))
-            ELSE FALSE END AS in_line,
-       CASE WHEN n.id IS NULL THEN (SELECT waiting FROM fairshare_any_ready(%(queue)s)) ELSE FALSE END AS waiting,
-       CASE WHEN n.id IS NULL THEN (SELECT others_waiting FROM fairshare_others_ready(%(account_id)s, %(queue)s))
-            ELSE FALSE END AS others_waiting,
-       n.job AS passed_job, n.ref AS passed_ref, n.id AS passed_slot_id, n.task_run_id AS passed_run_id,
-       n.cpu_reserved_ms AS passed_reserved_ms, (SELECT priority FROM h) AS passed_priority,
+  RETURNING job AS passed_job, ref AS passed_ref, id AS passed_slot_id, task_run_id AS passed_run_id,
+            cpu_reserved_ms AS passed_reserved_ms)
+SELECT r.task_run_id, r.status, n.*, (SELECT priority FROM h) AS passed_priority,
+       n IS NULL AND (SELECT in_line FROM fairshare_in_line(%(account_id)s, %(queue)s)) AS in_line,
+       n IS NULL AND (SELECT waiting FROM fairshare_any_ready(%(queue)s)) AS waiting,
+       n IS NULL AND (SELECT others_waiting FROM fairshare_others_ready(%(account_id)s, %(queue)s)) AS others_waiting,
        COALESCE((SELECT id FROM c), (SELECT x.id FROM budgets_usageday x
                                       WHERE x.account_id = %(account_id)s AND x.queue = %(queue)s AND x.day = r.day))
          AS usage_id

@@ -13,14 +13,19 @@ RETURNS bigint LANGUAGE sql IMMUTABLE AS $$
   SELECT in_limit_s * 1000 - COALESCE(in_used_ms, 0) - COALESCE(in_reserved_ms, 0)
 $$;
 
--- The account's slots on the queue: taken (dispatched or running) and running (ACTIVE), leaving out
--- the slot `in_but` (NULL: none). Index reservation_slots: bounded by the account's cap, not by its
--- held work.
-CREATE OR REPLACE FUNCTION fairshare_slots(in_account bigint, in_queue varchar, in_but bigint)
-RETURNS TABLE (taken bigint, running bigint) LANGUAGE sql STABLE AS $$
-  SELECT COUNT(*), COUNT(*) FILTER (WHERE x.status = 'active') FROM budgets_reservation x
+-- The account's slots taken on the queue (dispatched or running: "free slots" is the cap less
+-- these), and those running (ACTIVE) but the slot `in_but` (NULL: none). Index reservation_slots:
+-- bounded by the account's cap, not by its held work.
+CREATE OR REPLACE FUNCTION fairshare_taken(in_account bigint, in_queue varchar)
+RETURNS TABLE (taken bigint) LANGUAGE sql STABLE AS $$
+  SELECT COUNT(*) FROM budgets_reservation x
    WHERE x.account_id = in_account AND x.queue = in_queue AND x.status IN ('dispatched', 'active')
-     AND x.id IS DISTINCT FROM in_but
+$$;
+
+CREATE OR REPLACE FUNCTION fairshare_running(in_account bigint, in_queue varchar, in_but bigint)
+RETURNS TABLE (running bigint) LANGUAGE sql STABLE AS $$
+  SELECT COUNT(*) FROM budgets_reservation x
+   WHERE x.account_id = in_account AND x.queue = in_queue AND x.status = 'active' AND x.id IS DISTINCT FROM in_but
 $$;
 
 -- A job's slots taken (dispatched or running), by (job, ref) in index reservation_slots. A held
@@ -53,19 +58,36 @@ RETURNS TABLE (others_waiting boolean) LANGUAGE sql STABLE AS $$
   SELECT EXISTS (
     SELECT 1 FROM fairshare_ready_accounts(in_queue) k
       LEFT JOIN budgets_budget b ON b.account_id = k.account_id AND b.queue = in_queue
-      CROSS JOIN LATERAL fairshare_slots(k.account_id, in_queue, NULL) s
+      CROSS JOIN LATERAL fairshare_taken(k.account_id, in_queue) s
      WHERE k.account_id <> in_account AND s.taken < COALESCE(b.max_concurrent, 1)
        AND s.taken::float / COALESCE(b.weight, 1)
-           < (SELECT (m.taken - 1)::float / mb.weight FROM fairshare_slots(in_account, in_queue, NULL) m,
+           < (SELECT (m.taken - 1)::float / mb.weight FROM fairshare_taken(in_account, in_queue) m,
                      budgets_budget mb WHERE mb.account_id = in_account AND mb.queue = in_queue))
+$$;
+
+-- Whether the account's run ending on the queue may pass its slot `in_but` on to its next held job
+-- (budgets/ledger/queries.sql `settle`): no pause covers it, fewer than its cap run but that slot
+-- (an operator may have lowered it), it has no rate limit (decided under the lock), no other
+-- account's turn comes first (then the slot goes by the fair order) and no job waits in the broker.
+CREATE OR REPLACE FUNCTION fairshare_may_pass_on(in_account bigint, in_queue varchar, in_but bigint,
+                                                 in_since timestamptz, in_forgets timestamptz)
+RETURNS TABLE (may boolean) LANGUAGE sql STABLE AS $$
+  SELECT EXISTS (SELECT 1 FROM budgets_budget b, fairshare_running(in_account, in_queue, in_but) s
+                  WHERE b.account_id = in_account AND b.queue = in_queue AND b.rate_starts IS NULL
+                    AND s.running < b.max_concurrent)
+     AND NOT EXISTS (SELECT 1 FROM fairshare_pauses(in_account, in_queue))
+     AND NOT (SELECT others_waiting FROM fairshare_others_ready(in_account, in_queue))
+     AND NOT (SELECT waiting FROM fairshare_broker_waiting(in_queue, in_since, in_forgets))
 $$;
 """
 
 DROP = """
+DROP FUNCTION IF EXISTS fairshare_may_pass_on(bigint, varchar, bigint, timestamptz, timestamptz);
 DROP FUNCTION IF EXISTS fairshare_others_ready(bigint, varchar);
 DROP FUNCTION IF EXISTS fairshare_broker_waiting(varchar, timestamptz, timestamptz);
 DROP FUNCTION IF EXISTS fairshare_job_slots(bigint, varchar, varchar, varchar);
-DROP FUNCTION IF EXISTS fairshare_slots(bigint, varchar, bigint);
+DROP FUNCTION IF EXISTS fairshare_running(bigint, varchar, bigint);
+DROP FUNCTION IF EXISTS fairshare_taken(bigint, varchar);
 DROP FUNCTION IF EXISTS fairshare_unreserved(bigint, bigint, bigint);
 """
 
