@@ -2,7 +2,6 @@
 slot, and completed by its settlement; what happens to that record when the admission fails after
 making it; and what a run and a hand-off cost in statements (counts, not timings)."""
 import json
-import re
 import select
 
 import psycopg
@@ -124,20 +123,6 @@ def test_the_chain_prepares_its_own_statements_once_per_connection_and_only_them
     else:
         assert found == []
     assert TaskRun.objects.filter(outcome=Outcome.SUCCEEDED).count() == 3
-
-
-def test_the_ledgers_statements_fit_psycopgs_conversion_cache():
-    """psycopg converts named placeholders on every execute and keeps the conversion only for
-    statements up to 4,096 bytes (and 50 parameters): scheduling.db.load_queries leaves each
-    statement's comments out, so that every one of the ledger's, the settlement's pass-on the
-    longest, is converted once per process."""
-    from budgets.ledger.reads import QUERIES
-
-    assert set(QUERIES) == {"lock", "standing", "dispatch_or_hold", "admit_at_once", "activate", "claim",
-                            "start_admitted", "reserve_if_left", "broker_waiting", "ready_accounts", "settle"}
-    for name, statement in QUERIES.items():
-        assert "--" not in statement and len(statement.encode()) <= 4096, name
-        assert len(set(re.findall(r"%\((\w+)\)s", statement))) <= 50, name
 
 
 def test_a_task_spares_the_health_check_ping_only_while_its_connection_is_quiet(account, monkeypatch):
