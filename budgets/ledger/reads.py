@@ -44,7 +44,7 @@ def broker_window() -> dict[str, dt.datetime]:
             "broker_since": now - dt.timedelta(seconds=BROKER_WAIT_YIELD_S)}
 
 
-def let_go() -> Q:
+def may_take_over() -> Q:
     """Held jobs a release may take over once their claim expired: those whose claim's slot was
     given back (the rule fairshare_job_slots of budgets' migration 0012 says why; the same rule for a
     release's ORM query)."""

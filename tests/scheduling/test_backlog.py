@@ -79,7 +79,7 @@ def test_the_counts_follow_every_change_of_the_holding_area(account, other_accou
 def test_a_held_up_line_goes_at_the_first_tick_after_its_time(account, other_account):
     """`block` holds a line up until a time; "could it go now" asks no time (so that its prepared
     statements' generic plans read only the lines that could go): the pulse's tick after that time
-    lets it go (`let_go_due`), and an operator's `unblock` at once. Lines whose time has not come
+    lets it go (`unblock_due`), and an operator's `unblock` at once. Lines whose time has not come
     stay held up."""
     now = clock.now()
     for who in (account, other_account):
@@ -97,8 +97,8 @@ def test_a_held_up_line_goes_at_the_first_tick_after_its_time(account, other_acc
             return cursor.fetchone()[0]
 
     assert ready() == set() and not any_ready()
-    assert holding.let_go_due(now) == 0  # neither time has come
-    assert holding.let_go_due(now + dt.timedelta(seconds=2)) == 1
+    assert holding.unblock_due(now) == 0  # neither time has come
+    assert holding.unblock_due(now + dt.timedelta(seconds=2)) == 1
     assert ready() == {account.pk} and any_ready()
     assert holding.unblock(account_id=other_account.pk, queue="default") == 1
     assert ready() == {account.pk, other_account.pk}

@@ -195,8 +195,8 @@ def test_each_question_about_held_work_reads_a_bounded_number_of_rows(holding_ar
     assert sum(orm_rows_read(lambda: list(due.order_by("account_id", "queue", "eligible_at")[:1000])).values()) == 0
     # The pulse's let-go: 9,997 lines held up until tomorrow, none due; when the first one's time
     # comes (when the pulse ticks next), the first entry.
-    assert sum(orm_rows_read(lambda: holding.let_go_due(now)).values()) == 0
-    assert sum(orm_rows_read(holding.next_let_go).values()) == 1
+    assert sum(orm_rows_read(lambda: holding.unblock_due(now)).values()) == 0
+    assert sum(orm_rows_read(holding.next_unblock).values()) == 1
 
 
 def test_the_orm_questions_read_a_bounded_number_of_rows_too(holding_area):
@@ -206,7 +206,7 @@ def test_the_orm_questions_read_a_bounded_number_of_rows_too(holding_area):
     checks = {
         "in line": lambda: holding.in_line(account_id=capped.pk, queue="default"),
         "release": lambda: holding.release_first(account_id=light.pk, queue="default", limit=1,
-                                                 let_go=ledger.let_go()),
+                                                 may_take_over=ledger.may_take_over()),
     }
     for name, run in checks.items():
         read = orm_rows_read(run)
