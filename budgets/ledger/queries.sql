@@ -1,12 +1,9 @@
--- The ledger's statements: each transition of a slot (the map in budgets/ledger/__init__.py) is one
--- statement here, kept whole, loaded once by scheduling.db.load_queries and sent prepared. Named
--- parameters; each statement names the columns it returns. Rules shared between statements are SQL
--- functions installed by migrations (scheduling 0023, budgets 0012: fairshare_*), which PostgreSQL
--- inlines: their plans show tables, never a call. Times: `now` is the kernel's clock
--- (scheduling.clock: the holding area's times, which tests may shift); the slots' own times
--- (created_at, leases) and `wall_now` (TaskRun's) are the wall clock's.
--- Above each statement: what it reads as held jobs, accounts and history grow (tests EXPLAIN them
--- on 100,000 held jobs and 10,000 accounts: tests/scheduling/test_held_work_cost.py).
+-- The ledger's statements, one a transition of a slot (the map: budgets/ledger/__init__.py), loaded
+-- once by scheduling.db.load_queries, sent prepared. Shared rules are SQL functions (fairshare_*:
+-- migrations scheduling 0023, budgets 0012) that PostgreSQL inlines. `now` is the kernel's clock
+-- (scheduling.clock); slots' times (created_at, leases) and `wall_now` are the wall clock's. Above
+-- each: what it reads as held jobs, accounts and history grow (EXPLAINed on 100,000 held jobs and
+-- 10,000 accounts: tests/scheduling/test_held_work_cost.py).
 
 -- name: lock
 -- The account's lock (budgets.locks): a write that changes nothing, so that the row gets a new
@@ -117,9 +114,9 @@ u AS (
      AND fairshare_unreserved(s.cpu_seconds_per_day, day_usage.cpu_used_ms, day_usage.cpu_reserved_ms) >= %(reserve_ms)s
   RETURNING day_usage.id),
 t AS (
-  INSERT INTO scheduling_taskrun (account_id, job, queue, ref, worker, started_at, finished_at, outcome, cpu_ms,
-                                  wall_ms, db_wait_ms, storage_wait_ms, items, peak_rss_kb, error_class, error_message)
-  SELECT %(run_account_id)s, %(run_job)s, %(run_queue)s, %(run_ref)s, %(run_worker)s, %(run_started_at)s, NULL,
+  INSERT INTO scheduling_taskrun (account_id, job, queue, ref, worker, started_at, outcome, cpu_ms, wall_ms,
+                                  db_wait_ms, storage_wait_ms, items, peak_rss_kb, error_class, error_message)
+  SELECT %(run_account_id)s, %(run_job)s, %(run_queue)s, %(run_ref)s, %(run_worker)s, %(run_started_at)s,
          'running', 0, 0, 0, 0, 0, 0, '', ''
     FROM u RETURNING id),
 k AS (
@@ -138,9 +135,9 @@ SELECT EXISTS (SELECT 1 FROM b) AS fresh, (SELECT id FROM k) AS slot_id, (SELECT
 -- filters of the plan. Rows by key.
 WITH u AS (UPDATE budgets_usageday SET cpu_reserved_ms = cpu_reserved_ms + %(reserve_ms)s WHERE id = %(usage_id)s),
 t AS (
-  INSERT INTO scheduling_taskrun (account_id, job, queue, ref, worker, started_at, finished_at, outcome, cpu_ms,
-                                  wall_ms, db_wait_ms, storage_wait_ms, items, peak_rss_kb, error_class, error_message)
-  SELECT %(run_account_id)s, %(run_job)s, %(run_queue)s, %(run_ref)s, %(run_worker)s, %(run_started_at)s, NULL,
+  INSERT INTO scheduling_taskrun (account_id, job, queue, ref, worker, started_at, outcome, cpu_ms, wall_ms,
+                                  db_wait_ms, storage_wait_ms, items, peak_rss_kb, error_class, error_message)
+  SELECT %(run_account_id)s, %(run_job)s, %(run_queue)s, %(run_ref)s, %(run_worker)s, %(run_started_at)s,
          'running', 0, 0, 0, 0, 0, 0, '', ''
    WHERE %(insert_run)s
   RETURNING id),
@@ -182,10 +179,9 @@ WITH c AS (
       ORDER BY d.priority DESC, d.in_line_since, d.id LIMIT 1 FOR UPDATE SKIP LOCKED)
   RETURNING job, ref, priority),
 t AS (
-  INSERT INTO scheduling_taskrun (account_id, job, queue, ref, worker, started_at, finished_at, outcome, cpu_ms,
-                                  wall_ms, db_wait_ms, storage_wait_ms, items, peak_rss_kb, error_class, error_message)
-  SELECT %(account_id)s, c.job, %(queue)s, c.ref, %(worker)s, %(run_started_at)s, NULL, 'running', 0, 0, 0, 0, 0, 0,
-         '', ''
+  INSERT INTO scheduling_taskrun (account_id, job, queue, ref, worker, started_at, outcome, cpu_ms, wall_ms,
+                                  db_wait_ms, storage_wait_ms, items, peak_rss_kb, error_class, error_message)
+  SELECT %(account_id)s, c.job, %(queue)s, c.ref, %(worker)s, %(run_started_at)s, 'running', 0, 0, 0, 0, 0, 0, '', ''
     FROM c WHERE %(admit)s
   RETURNING id),
 u AS (
@@ -247,23 +243,20 @@ SELECT c.account_id, c.taken::float / c.weight AS share FROM (
 -- name: settle
 -- ACTIVE (or DISPATCHED, RECLAIMED) -> (none), no lock (it only frees): the slot deleted (`r`,
 -- exactly once: no row, nothing charged), its figures charged to its day (`c`: its CPU less what a
--- reclaim charged, its reservation given back, its waits, the run counted if it ran, and what the
--- slot carried of the runs it was passed on from), its run's end recorded (`t`). With %(pass_on)s,
--- the slot passes on in the same statement to the first job of the account's line (`h`, claimed as
--- `claim` does), when the run is of today, reserved from the day and left at least half a step,
--- and the rule fairshare_may_pass_on lets it (no pause, below its cap, no rate limit, no other
--- account's turn first: then the slot goes by the fair order, a pull; no job waiting in the broker):
+-- reclaim charged, its reservation given back, its waits, the run counted if it ran, what the slot
+-- carried), its run's end recorded (`t`). With %(pass_on)s the slot passes on, in the same
+-- statement, to the first job of the account's line (`h`, claimed as `claim` does) when the run is
+-- of today, reserved from the day, left at least half a step, and fairshare_may_pass_on lets it:
 -- its slot inserted ACTIVE (`n`) with what the run left of its reservation (at most a step), its
 -- run recorded (`s`); `c` gives back only the rest. Carried charges (`k`): a pass-on whose run
 -- gives nothing back and hit no cap charges nothing; the new slot carries the run's figures on,
--- with what the old one carried, for at most CHARGE_CARRY_S from the first (%(carry_since)s);
--- their CPU stays reserved until the slot's end charges it, so used + reserved CPU is what it would
--- be charged at once, and a cap stays exact; then the pass-on writes none of the rows its
--- account's other workers write too. Slots taken and running, and used + reserved CPU, never grow.
--- What the settling worker asks next (its account's line, any line that could go, another
--- account's turn) is read only when the slot was not passed on (AND stops at its first false). Reads the slot and usage row by key, Backlog (by key; index backlog_ready),
--- passing on the first unclaimed rows of the account's line (index deferred_line) and the queue's
--- slots sent in the broker window.
+-- with what the old one carried, for at most CHARGE_CARRY_S from the first; their CPU stays
+-- reserved until the slot's end charges it, so used + reserved CPU (and a cap) stay exact, and the
+-- pass-on writes no row its account's other workers write too. Slots taken and running, and used +
+-- reserved CPU, never grow. What the settling worker asks next (its line, any line, another
+-- account's turn) is read only when the slot was not passed on (AND stops at its first false).
+-- Reads the slot and usage row by key, Backlog (by key; index backlog_ready); passing on, the
+-- first unclaimed rows of the line (index deferred_line) and the queue's slots in the broker window.
 WITH r AS (
   DELETE FROM budgets_reservation WHERE id = %(slot_id)s
   RETURNING *, (status = 'active')::int AS ran, cpu_reserved_ms - %(cpu_ms)s AS left_ms),
