@@ -162,12 +162,6 @@ def task_run_mark_lost(*, run_id: int, cpu_ms: int, reason: str) -> bool:
     ) == 1
 
 
-def task_run_mark_running_again(*, run_id: int) -> bool:
-    """A run marked lost whose worker was only frozen woke up and goes on (it took a slot again)."""
-    return TaskRun.objects.filter(pk=run_id, outcome=Outcome.LOST).update(
-        outcome=Outcome.RUNNING, finished_at=None, error_class="", error_message="") == 1
-
-
 def task_run_mark_not_started(*, run_id: int, reason: str) -> bool:
     """A run admitted ahead for a handed-off job whose worker died before it started: skipped."""
     return TaskRun.objects.filter(pk=run_id, outcome=Outcome.RUNNING).update(

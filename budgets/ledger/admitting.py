@@ -12,15 +12,11 @@ the first unclaimed rows of one account's line (index deferred_line).
 """
 import datetime as dt
 
-from django.db import transaction
-from django.db.models import F, Q
 from django.utils import timezone
 
 from budgets import standing
 from budgets.ledger.reads import QUERIES, broker_window, usage_id
-from budgets.ledger.settling import charge_day
 from budgets.ledger.values import AdmittedAtOnce, Claimed
-from budgets.models import Reservation, ReservationStatus, UsageDay
 from budgets.standing import Standing
 from scheduling import clock, db
 from scheduling.envelope import Envelope
@@ -125,27 +121,20 @@ def unadmit(*, slot_id: int, account_id: int, queue: str, expired_before: dt.dat
     """ACTIVE on a claim's lease -> (none): an admission whose run never started is undone, its CPU
     unreserved, nothing charged or counted; with `expired_before`, only if its lease is still
     expired then; what the slot carried of the runs it was passed on from is charged. Returns its
-    run's id (None when nothing was undone)."""
-    with transaction.atomic():
-        slot = Reservation.objects.select_for_update().filter(
-            Q(lease_expires_at__lt=expired_before) if expired_before else Q(),
-            pk=slot_id, status=ReservationStatus.ACTIVE).first()
-        if slot is None:
-            return None
-        slot.delete()
-        charge_day(slot, reserved_ms=slot.cpu_reserved_ms)
-    return slot.task_run_id
+    run's id (None when nothing was undone). (`account_id`, `queue`: the slot's, as its row says.)"""
+    row = db.fetch_one(QUERIES["unadmit"], {"slot_id": slot_id, "expired_before": expired_before})
+    return None if row is None else row[0]
 
 
 def reserve_more(*, slot_id: int, usage_id: int, ms: int) -> None:
     """ACTIVE on a claim's lease -> the same: `ms` more reserved for a job admitted ahead whose
     estimate is larger than a step; under the lock, which saw the account has it."""
-    UsageDay.objects.filter(pk=usage_id).update(cpu_reserved_ms=F("cpu_reserved_ms") + ms)
-    Reservation.objects.filter(pk=slot_id).update(cpu_reserved_ms=F("cpu_reserved_ms") + ms)
+    db.fetch_one(QUERIES["reserve_more"], {"slot_id": slot_id, "usage_id": usage_id, "ms": ms, "checked": True})
 
 
 def reserve_if_left(*, slot_id: int, usage_id: int, ms: int) -> bool:
     """`ms` more for a slot admitted ahead (a pass-on's job that estimates more than it kept), when
     its account has that much left (checked on the usage row's latest version: two of these never
     reserve the same budget twice); no lock."""
-    return db.fetch_one(QUERIES["reserve_if_left"], {"slot_id": slot_id, "usage_id": usage_id, "ms": ms}) is not None
+    return db.fetch_one(QUERIES["reserve_more"], {"slot_id": slot_id, "usage_id": usage_id, "ms": ms,
+                                                  "checked": False}) is not None

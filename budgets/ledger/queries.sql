@@ -205,18 +205,89 @@ DELETE FROM scheduling_deferredtask
  WHERE job = %(job)s AND ref = %(ref)s AND claimed_by = %(worker)s AND EXISTS (SELECT 1 FROM s)
 RETURNING 1 AS started;
 
--- name: reserve_if_left
--- ACTIVE -> ACTIVE: %(ms)s more for a slot admitted ahead, when its account has that much left
--- unreserved (checked on the usage row's latest version: two of these never reserve the same
--- budget twice). No lock. Rows by key.
+-- name: reserve_more
+-- ACTIVE -> ACTIVE: %(ms)s more for a slot admitted ahead. Unless the lock already saw the account
+-- has it (%(checked)s), only when its account has that much left unreserved (checked on the usage
+-- row's latest version: two of these never reserve the same budget twice). Rows by key.
 WITH u AS (
   UPDATE budgets_usageday u SET cpu_reserved_ms = u.cpu_reserved_ms + %(ms)s FROM budgets_budget b
    WHERE u.id = %(usage_id)s AND b.account_id = u.account_id AND b.queue = u.queue
-     AND fairshare_unreserved(b.cpu_seconds_per_day, u.cpu_used_ms, u.cpu_reserved_ms) >= %(ms)s
+     AND (%(checked)s OR fairshare_unreserved(b.cpu_seconds_per_day, u.cpu_used_ms, u.cpu_reserved_ms) >= %(ms)s)
   RETURNING 1)
 UPDATE budgets_reservation SET cpu_reserved_ms = cpu_reserved_ms + %(ms)s
  WHERE id = %(slot_id)s AND EXISTS (SELECT 1 FROM u)
 RETURNING 1 AS reserved;
+
+-- name: grow
+-- ACTIVE -> ACTIVE: a running slot reports its CPU (%(cpu_ms)s), renews its lease and reserves
+-- %(ms)s more on its day's usage row (the caller, under the lock, saw the account has it); no row
+-- when the slot is no longer ACTIVE (reclaimed while its worker was frozen, or settled). By key.
+WITH s AS (
+  UPDATE budgets_reservation SET cpu_reported_ms = %(cpu_ms)s, lease_expires_at = %(lease)s,
+         cpu_reserved_ms = cpu_reserved_ms + %(ms)s
+   WHERE id = %(slot_id)s AND status = 'active' RETURNING id),
+u AS (
+  UPDATE budgets_usageday SET cpu_reserved_ms = cpu_reserved_ms + %(ms)s
+   WHERE id = %(usage_id)s AND %(ms)s > 0 AND EXISTS (SELECT 1 FROM s))
+SELECT id AS grown FROM s;
+
+-- name: unadmit
+-- ACTIVE on a claim's lease -> (none): an admission whose run never started is undone (with
+-- %(expired_before)s, only if its lease is still expired then): its CPU unreserved, nothing charged
+-- or counted but what the slot carried of the runs it was passed on from (their CPU moves from
+-- reserved to used). Returns its run's id; no row when nothing was undone. Rows by key.
+WITH r AS (
+  DELETE FROM budgets_reservation
+   WHERE id = %(slot_id)s AND status = 'active'
+     AND (%(expired_before)s::timestamptz IS NULL OR lease_expires_at < %(expired_before)s)
+  RETURNING *),
+c AS (
+  UPDATE budgets_usageday u
+     SET cpu_used_ms = u.cpu_used_ms + r.carried_cpu_ms,
+         cpu_reserved_ms = u.cpu_reserved_ms - r.cpu_reserved_ms - r.carried_cpu_ms, runs = u.runs + r.carried_runs,
+         wall_ms = u.wall_ms + r.carried_wall_ms, db_wait_ms = u.db_wait_ms + r.carried_db_wait_ms,
+         storage_wait_ms = u.storage_wait_ms + r.carried_storage_wait_ms
+    FROM r WHERE u.account_id = r.account_id AND u.queue = r.queue AND u.day = r.day)
+SELECT task_run_id FROM r;
+
+-- name: reclaim
+-- ACTIVE -> RECLAIMED: a run whose lease expired (its worker died, or froze) is charged
+-- %(charge_ms)s (what it reported), counted, and its reservation given back, with what the slot
+-- carried of the runs it was passed on from; the slot keeps what was charged (its settlement, if
+-- the run turns out alive, charges only the rest) and carries nothing more. Under the lock, the
+-- slot's row locked by the caller. Rows by key.
+WITH r AS (
+  UPDATE budgets_reservation n
+     SET status = 'reclaimed', cpu_charged_ms = %(charge_ms)s, carried_runs = 0, carried_cpu_ms = 0,
+         carried_wall_ms = 0, carried_db_wait_ms = 0, carried_storage_wait_ms = 0, carried_since = NULL
+    FROM budgets_reservation o
+   WHERE n.id = %(slot_id)s AND o.id = n.id
+  RETURNING o.*)
+UPDATE budgets_usageday u
+   SET cpu_used_ms = u.cpu_used_ms + %(charge_ms)s + r.carried_cpu_ms,
+       cpu_reserved_ms = u.cpu_reserved_ms - r.cpu_reserved_ms - r.carried_cpu_ms,
+       runs = u.runs + 1 + r.carried_runs, wall_ms = u.wall_ms + r.carried_wall_ms,
+       db_wait_ms = u.db_wait_ms + r.carried_db_wait_ms, storage_wait_ms = u.storage_wait_ms + r.carried_storage_wait_ms
+  FROM r WHERE u.account_id = r.account_id AND u.queue = r.queue AND u.day = r.day
+RETURNING 1 AS charged;
+
+-- name: revive
+-- RECLAIMED -> ACTIVE: the run of a slot reclaimed while its worker was frozen woke up, and its
+-- account has a free slot (the caller, under the lock, saw it): the slot is its again with
+-- %(reserve_ms)s reserved, the run no longer counted twice (the reclaim counted it, its
+-- settlement will) nor marked lost. What the reclaim charged stays charged. Returns that; no row
+-- when the slot is not reclaimed (it settled, or its row went). Rows by key.
+WITH s AS (
+  UPDATE budgets_reservation SET status = 'active', cpu_reserved_ms = %(reserve_ms)s, lease_expires_at = %(lease)s
+   WHERE id = %(slot_id)s AND status = 'reclaimed'
+  RETURNING account_id, queue, day, task_run_id, cpu_charged_ms),
+u AS (
+  UPDATE budgets_usageday u SET runs = u.runs - 1, cpu_reserved_ms = u.cpu_reserved_ms + %(reserve_ms)s
+    FROM s WHERE u.account_id = s.account_id AND u.queue = s.queue AND u.day = s.day),
+t AS (
+  UPDATE scheduling_taskrun t SET outcome = 'running', finished_at = NULL, error_class = '', error_message = ''
+    FROM s WHERE t.id = s.task_run_id AND t.outcome = 'lost')
+SELECT cpu_charged_ms FROM s;
 
 -- name: broker_waiting
 -- Whether a job sent to the broker on the queue waits for a worker (asked by every hand-off,

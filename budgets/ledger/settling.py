@@ -10,12 +10,11 @@ says what it reads as held jobs, accounts and history grow.
 import datetime as dt
 
 from django.conf import settings
-from django.db.models import F
 from django.utils import timezone
 
 from budgets.ledger.reads import QUERIES, broker_window
 from budgets.ledger.values import Charged, Claimed, PassOn
-from budgets.models import Reservation, ReservationStatus, UsageDay
+from budgets.models import ReservationStatus
 from scheduling import db
 from scheduling.envelope import Envelope
 from scheduling.metering import Meter
@@ -55,19 +54,3 @@ def charge(*, slot_id: int, account_id: int, queue: str, meter: Meter, cap_hit: 
                          usage_id=row["usage_id"])
     return Charged(row["task_run_id"], row["status"] == ReservationStatus.ACTIVE, in_line=row["in_line"],
                    waiting=row["waiting"], others_waiting=row["others_waiting"], passed=passed)
-
-
-NOTHING_CARRIED = {"carried_runs": 0, "carried_cpu_ms": 0, "carried_wall_ms": 0, "carried_db_wait_ms": 0,
-                   "carried_storage_wait_ms": 0, "carried_since": None}
-
-
-def charge_day(slot: Reservation, *, cpu_ms: int = 0, reserved_ms: int = 0, runs: int = 0) -> None:
-    """Charge the slot's day these figures (`reserved_ms` given back), and what the slot carried of
-    the runs it was passed on from (a pass-on's carried charges: their CPU moves from reserved to
-    used). What ends a slot other than its settlement (a reclaim, an undone admission) charges it so."""
-    UsageDay.objects.filter(account_id=slot.account_id, queue=slot.queue, day=slot.day).update(
-        cpu_used_ms=F("cpu_used_ms") + cpu_ms + slot.carried_cpu_ms,
-        cpu_reserved_ms=F("cpu_reserved_ms") - reserved_ms - slot.carried_cpu_ms,
-        runs=F("runs") + runs + slot.carried_runs, wall_ms=F("wall_ms") + slot.carried_wall_ms,
-        db_wait_ms=F("db_wait_ms") + slot.carried_db_wait_ms,
-        storage_wait_ms=F("storage_wait_ms") + slot.carried_storage_wait_ms)

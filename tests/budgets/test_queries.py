@@ -12,7 +12,7 @@ from scheduling.models import TaskRun
 pytestmark = pytest.mark.django_db
 
 NAMES = {"lock", "standing", "dispatch_or_hold", "admit_at_once", "activate", "claim", "start_admitted",
-         "reserve_if_left", "broker_waiting", "ready_accounts", "settle"}
+         "reserve_more", "grow", "unadmit", "reclaim", "revive", "broker_waiting", "ready_accounts", "settle"}
 
 
 def test_each_transition_is_one_named_statement_converted_once_per_process():
@@ -52,6 +52,6 @@ def test_a_run_recorded_by_a_statement_gets_every_column_the_model_has():
     model gains without a database default must be added there (a nullable one may be left out)."""
     needed = {f.column for f in TaskRun._meta.concrete_fields if not f.primary_key and not f.null}
     inserts = re.findall(r"INSERT INTO scheduling_taskrun \(([^)]*)\)", " ".join(QUERIES.values()))
-    assert len(inserts) == 4
+    assert len(inserts) == 4  # admit_at_once, activate, claim, settle
     for columns in inserts:
         assert needed <= {c.strip() for c in columns.split(",")}, needed - {c.strip() for c in columns.split(",")}
