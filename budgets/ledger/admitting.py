@@ -114,7 +114,7 @@ def start_admitted(*, slot_id: int, envelope: Envelope, worker: str) -> bool:
     run's watcher renews it, well before it ends: budgets.watcher). False when either is gone (the
     slot reclaimed, or the job held again, which voids a claim): it must not run."""
     return db.fetch_one(QUERIES["start_admitted"], {"slot_id": slot_id, "job": envelope.job, "ref": envelope.ref,
-                                           "worker": worker}) is not None
+                                                    "worker": worker}) is not None
 
 
 def unadmit(*, slot_id: int, account_id: int, queue: str, expired_before: dt.datetime | None = None) -> int | None:

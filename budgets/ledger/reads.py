@@ -66,8 +66,9 @@ def standing(*, account_id: int, queue: str, day: dt.date, envelope=None, claima
     `claimant` still holds its claim on it; the slots taken are not counted for a job that holds a
     slot of its own."""
     job, ref = (envelope.job, envelope.ref) if envelope is not None else ("", "")
-    row = db.fetch_one_named(QUERIES["standing"], {"account_id": account_id, "queue": queue, "day": day, "job": job, "ref": ref,
-                                          "claimant": claimant, "now": clock.now(), "wall_now": timezone.now()})
+    row = db.fetch_one_named(QUERIES["standing"], {
+        "account_id": account_id, "queue": queue, "day": day, "job": job, "ref": ref, "claimant": claimant,
+        "now": clock.now(), "wall_now": timezone.now()})
     if row is None:
         return None
     return Standing(**{**row, "rate_frees_at": clock.from_wall(row["rate_frees_at"])})
