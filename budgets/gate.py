@@ -33,7 +33,7 @@ class BudgetGate(EnqueueGate):
             return _handoff(settled.handed_to)
         if (settled is not None and not settled.waiting) or not after.may_run_next():
             return None
-        claimed = handoff.pull(queue=queue, worker=worker)
+        claimed = handoff.fetch_next(queue=queue, worker=worker)
         return _handoff(claimed) if claimed is not None else None
 
     def worker_died(self, *, worker: str) -> int:

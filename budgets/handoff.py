@@ -5,9 +5,9 @@ round trip.
 Two ways to claim, both deciding under the account's lock and both taking the job's slot in the
 same statement as the claim on the held row (budgets.ledger `claim_and_admit`, `claim_for`):
 - hand-off: a settlement that frees a slot gives it to the same account's first held job and
-  returns it to the settling worker (`hand_off`, called by budgets.settlement);
+  returns it to the settling worker (`claim_next`, called by budgets.settlement);
 - pull: a worker with nothing handed off claims another account's job into a free slot, in fair
-  order (`pull`): accounts with the fewest slots in use for their weight first, then the one
+  order (`fetch_next`): accounts with the fewest slots in use for their weight first, then the one
   waiting longest. A settlement that sees another account's line could go leaves its freed slot to
   this order (its worker pulls) instead of handing it to its own account's next job.
 (A third, the pass-on, is the settlement's own statement: budgets.settlement.)
@@ -52,17 +52,17 @@ def release(*, account_id: int, queue: str, state: Standing, day: dt.date, limit
     order once the broker's job started (what the broker holds would run first in, first out)."""
     n = standing.releasable(state) if limit is None else min(limit, standing.releasable(state))
     if n <= 0:
-        hold_up(account_id=account_id, queue=queue, state=state)
+        throttle(account_id=account_id, queue=queue, state=state)
         return 0
     if not for_idle_worker and ledger.broker_waiting(queue=queue):
         return 0
-    released = holding.release_first(account_id=account_id, queue=queue, limit=n, let_go=ledger.let_go())
+    released = holding.release_first(account_id=account_id, queue=queue, limit=n, may_take_over=ledger.may_take_over())
     ledger.dispatch_many(envelopes=[Envelope(job=held.job, account=account_id, ref=held.ref, priority=held.priority)
                                       for held in released], queue=queue, day=day)
     return len(released)
 
 
-def hold_up(*, account_id: int, queue: str, state: Standing) -> None:
+def throttle(*, account_id: int, queue: str, state: Standing) -> None:
     """Under the lock: an account whose line lets nothing go for a time (its budget spent until the
     next budget day, its rate limit reached until the oldest start leaves the window) has its line
     held up until then (scheduling.holding.block): until then no pull, hand-off or release looks at
@@ -120,7 +120,7 @@ def release_due(*, idle_workers: dict[str, int] | None = None) -> int:
     return sent
 
 
-def hand_off(*, account_id: int, queue: str, state: Standing, day: dt.date, worker: str,
+def claim_next(*, account_id: int, queue: str, state: Standing, day: dt.date, worker: str,
              yield_to_broker: bool = True) -> Claimed | None:
     """Under the account's lock (a settlement that freed a slot, or a pull): claim the first job of
     its line for `worker` into the free slot, unless (`yield_to_broker`) a job sent to the broker
@@ -135,7 +135,7 @@ def hand_off(*, account_id: int, queue: str, state: Standing, day: dt.date, work
     if not standing.releasable(state):
         # Nothing in line, paused, or it would only be held again until a run gives budget back or
         # a start leaves its rate limit's window.
-        hold_up(account_id=account_id, queue=queue, state=state)
+        throttle(account_id=account_id, queue=queue, state=state)
         return None
     if not state.may_start:
         return ledger.claim_for(account_id=account_id, queue=queue, day=day, worker=worker,
@@ -164,7 +164,7 @@ def passed_on(claimed: Claimed) -> Claimed:
     return claimed
 
 
-def pull(*, queue: str, worker: str) -> Claimed | None:
+def fetch_next(*, queue: str, worker: str) -> Claimed | None:
     """Claim one held job of `queue` for `worker` into a free slot, in fair order; none while a job
     sent to the broker waits for a worker (it goes first).
 
@@ -186,7 +186,7 @@ def pull(*, queue: str, worker: str) -> Claimed | None:
             state = ledger.standing(account_id=ready.account_id, queue=queue, day=day)
             if after is not None and state.in_flight / state.weight > after.share:
                 continue
-            claimed = hand_off(account_id=ready.account_id, queue=queue, state=state, day=day, worker=worker,
+            claimed = claim_next(account_id=ready.account_id, queue=queue, state=state, day=day, worker=worker,
                                yield_to_broker=False)  # (it looked above)
         if claimed is not None:
             return claimed

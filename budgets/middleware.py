@@ -77,7 +77,7 @@ class BudgetMiddleware:
                 outcome=outcome, items=ctx.items, error=ctx.error, cap_hit=cap_hit, slot_lost=slot_lost,
                 envelope=ctx.envelope,
                 hand_to=worker_id() if ctx.may_run_next() else None, from_line=ctx.claimed_by is not None,
-                look_later=watcher.look_later))
+                look_again_later=watcher.look_again_later))
             if slot.settled is not None:
                 task_run_recorded(ctx.run, outcome=outcome)
             fault_point("after_settle")

@@ -12,7 +12,6 @@ from django.utils import timezone
 from budgets import clock
 from budgets.models import Account, Budget, Reservation, ReservationStatus, UsageDay
 from scheduling.models import Backlog
-from scheduling import sql
 
 
 def refs_in_flight(*, job: str, sent_since: dt.datetime) -> QuerySet[str]:
@@ -102,13 +101,13 @@ def budget_status(*, accounts: QuerySet[Account] | None = None, top: int | None 
 def _window_starts(rows: list[dict]) -> dict[tuple[int, str], int]:
     """Starts in the rate limit's window of each rate-limited budget among `rows`, counted up to its
     limit, in one statement (at most the limit's count of TaskRun index entries per budget,
-    scheduling.sql `recent_starts`)."""
+    the SQL function fairshare_window of scheduling's migration 0023)."""
     limited = [row for row in rows if row["rate_starts"] is not None]
     if not limited:
         return {}
-    count = sql.recent_starts(account="b.account_id", queue="b.queue", limit="b.rate_starts", period_s="b.rate_period_s")
     with connection.cursor() as cursor:
-        cursor.execute(f"SELECT b.account_id, b.queue, {count} FROM {Budget._meta.db_table} b "
+        cursor.execute("SELECT b.account_id, b.queue, (SELECT COUNT(*) FROM fairshare_window("
+                       "b.account_id, b.queue, b.rate_starts, b.rate_period_s, %(wall_now)s)) FROM budgets_budget b "
                        "WHERE b.id = ANY(%(ids)s) AND b.rate_starts IS NOT NULL",
                        {"ids": [row["pk"] for row in limited], "wall_now": timezone.now()})
         return {(account_id, queue): n for account_id, queue, n in cursor.fetchall()}

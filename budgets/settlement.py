@@ -16,7 +16,7 @@ from django.db import transaction
 
 from budgets import clock, standing
 from budgets.admission import hold_and_wake
-from budgets.handoff import hand_off, passed_on, release_locked, release_next
+from budgets.handoff import claim_next, passed_on, release_locked, release_next
 from budgets import ledger
 from budgets.ledger import Claimed, PassOn
 from budgets.locks import lock, locked_standing
@@ -41,7 +41,7 @@ def settle(
     *, slot_id: int, account_id: int, queue: str, meter: Meter, outcome: str | None = None, items: int = 0,
     error: BaseException | None = None, cap_hit: bool = False, slot_lost: bool = False,
     envelope: Envelope | None = None, hand_to: str | None = None, from_line: bool = False,
-    look_later: Callable[..., None] | None = None,
+    look_again_later: Callable[..., None] | None = None,
 ) -> Settled | None:
     """Settle a run (see the module's docstring); None when it was settled already. Its run's
     record gets the metered figures and, with `outcome` (the chain knows how it ended), how it
@@ -53,7 +53,7 @@ def settle(
     first job of the account's line: claimed for worker `hand_to` when given (returned, to run next
     in that worker), else released to the broker. A run that came from the line (`from_line`: its
     account most likely has more there) asks the charge to pass its slot on in its own statement
-    (when it may). With `look_later` (a worker's watcher, which makes
+    (when it may). With `look_again_later` (a worker's watcher, which makes
     the look for the settlements since its last tick) the settlement's look after its commit is
     left to it: it only matters for a hold that committed while the charge ran, and waits a tick.
     When another account's turn comes first (fewer slots in use for its weight), the slot is not
@@ -78,8 +78,8 @@ def settle(
         fault_point("after_pass_on")
         return Settled(handed_to=passed_on(charged.passed))
     handed_to = None
-    if charged.was_active and not charged.in_line and look_later is not None:
-        look_later(account_id=account_id, queue=queue)
+    if charged.was_active and not charged.in_line and look_again_later is not None:
+        look_again_later(account_id=account_id, queue=queue)
     elif charged.was_active and charged.others_waiting:
         # Another account's turn comes first: the freed slot goes by the fair order, to what
         # the worker pulls next or, when it goes back to the broker, to the job released there.
@@ -88,7 +88,7 @@ def settle(
     elif charged.was_active and (charged.in_line or holding.in_line(account_id=account_id, queue=queue)):
         with transaction.atomic():
             state = locked_standing(account_id=account_id, queue=queue, day=day)
-            handed_to = _hand_on(account_id=account_id, queue=queue, state=state, day=day, hand_to=hand_to)
+            handed_to = _give_freed_slot(account_id=account_id, queue=queue, state=state, day=day, hand_to=hand_to)
         if handed_to is None:
             release_next(queue=queue)
     return Settled(handed_to=handed_to, waiting=charged.waiting or handed_to is not None)
@@ -113,14 +113,14 @@ def _settle_and_hold(*, slot_id: int, account_id: int, queue: str, meter: Meter,
             reason, eligible_at = standing.out_of_budget(state, now)
         hold_and_wake(envelope=envelope, queue=queue, reason=reason, eligible_at=eligible_at)
         state = ledger.standing(account_id=account_id, queue=queue, day=day)  # with the job it held
-        handed_to = _hand_on(account_id=account_id, queue=queue, state=state, day=day, hand_to=hand_to) \
+        handed_to = _give_freed_slot(account_id=account_id, queue=queue, state=state, day=day, hand_to=hand_to) \
             if charged.was_active else None
     if charged.was_active and handed_to is None:
         release_next(queue=queue)
     return Settled(handed_to=handed_to, waiting=charged.waiting or handed_to is not None)
 
 
-def _hand_on(*, account_id: int, queue: str, state: Standing, day: dt.date, hand_to: str | None) -> Claimed | None:
+def _give_freed_slot(*, account_id: int, queue: str, state: Standing, day: dt.date, hand_to: str | None) -> Claimed | None:
     """Under the lock: a freed slot goes to the first job of the account's line, claimed for worker
     `hand_to` (returned) when given. When it is not (no worker to take it, or work waits in the
     broker), the caller releases, once its transaction committed, the next job of the account
@@ -128,11 +128,11 @@ def _hand_on(*, account_id: int, queue: str, state: Standing, day: dt.date, hand
     keep each slot with its account for as long as the broker has work waiting."""
     if hand_to is None:
         return None
-    return hand_off(account_id=account_id, queue=queue, state=state, day=day, worker=hand_to)
+    return claim_next(account_id=account_id, queue=queue, state=state, day=day, worker=hand_to)
 
 
 def release_if_in_line(*, account_id: int, queue: str) -> int:
-    """A settlement's look after its commit, made later (`settle`'s `look_later`): when the account
+    """A settlement's look after its commit, made later (`settle`'s `look_again_later`): when the account
     has work in line on the queue, release what its free slots let go. Returns how many."""
     if not holding.in_line(account_id=account_id, queue=queue):
         return 0

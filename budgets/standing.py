@@ -22,7 +22,7 @@ happened, and because it is exact — "never more than N in any window" holds fo
 starts, which is what an operator (or a third-party API's quota) checks; GCRA would smooth bursts
 that a window allows. A start is decided under the account's lock, so two workers never take the
 last start of a window both (the lock-free paths leave rate-limited accounts to the lock). Reading
-the window costs at most N index entries (scheduling.sql `recent_starts`).
+the window costs at most N index entries (the SQL function fairshare_window).
 """
 import datetime as dt
 from collections.abc import Callable

@@ -45,7 +45,7 @@ class Watcher(threading.Thread):
     `cpu_limit` handles it). Every RESERVATION_HEARTBEAT_S it reports the CPU used so far and
     renews the reservation's lease, so the slot of a run whose worker died is reclaimed once the
     lease expires. It also makes the look after the settlements since its last tick, once per
-    account and queue (`look_later`, `budgets.settlement.release_if_in_line`): each run's settlement spares
+    account and queue (`look_again_later`, `budgets.settlement.release_if_in_line`): each run's settlement spares
     that statement. Between runs, with nothing to look for, it does nothing and closes its
     connection.
     """
@@ -96,7 +96,7 @@ class Watcher(threading.Thread):
         self._wake.set()
         self._refilled.wait(REFILL_WAIT_S)
 
-    def look_later(self, *, account_id: int, queue: str) -> None:
+    def look_again_later(self, *, account_id: int, queue: str) -> None:
         """From the run's thread, after its settlement committed: look at the next tick whether
         anything of the account's is held on the queue, and release what may go."""
         with self._looks_lock:

@@ -17,7 +17,6 @@ from decimal import Decimal
 
 from django.db import connection
 
-from exports.models import ActivityEvent
 
 COLUMNS = ("account_id", "occurred_at", "actor_email", "event_type", "amount", "description")
 Row = tuple[int, dt.datetime, str, str, Decimal, str]
@@ -78,7 +77,7 @@ def insert_activity(rows: Iterable[Row], *, batch_rows: int = 5_000,
     at the end. Returns the count."""
     written = pending = 0
     with connection.cursor() as cursor, cursor.copy(
-        f"COPY {ActivityEvent._meta.db_table} ({', '.join(COLUMNS)}) FROM STDIN"
+        "COPY exports_activityevent (account_id, occurred_at, actor_email, event_type, amount, description) FROM STDIN"
     ) as copy:
         for row in rows:
             copy.write_row(row)

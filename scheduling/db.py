@@ -10,10 +10,11 @@ nothing (`OPTIONS["prepare_threshold"]` only applies to server-side binding), so
 keeps it. FAIRSHARE["PREPARED_STATEMENTS"] = False turns this off, for a connection pooler that
 cannot keep prepared statements across transactions (PgBouncer before 1.21 in transaction mode).
 """
-import functools
+import re
 import select
 import time
 from collections.abc import Callable, Mapping
+from pathlib import Path
 from typing import Any, TypeVar
 
 import psycopg
@@ -22,7 +23,6 @@ from django.db import DEFAULT_DB_ALIAS, InterfaceError, OperationalError, connec
 from django.db.backends.postgresql.base import CursorDebugWrapper
 from django.db.backends.postgresql.psycopg_any import register_tzloader
 from django.db.backends.utils import CursorWrapper
-from psycopg import _queries
 from psycopg.pq import Format
 
 T = TypeVar("T")
@@ -31,44 +31,14 @@ _TIMESTAMPTZ_OID = psycopg.adapters.types["timestamptz"].oid
 _NEVER_AUTOMATICALLY = 2**31 - 1
 
 
-@functools.lru_cache(maxsize=128)
-def _converted(query: str | bytes, encoding: str):
-    """Keyed by the text as the caller gives it: a caller that sends the same string object
-    from one task to the next has its hash computed once, where its bytes, encoded anew for
-    every execute, would be hashed anew too."""
-    return _queries._query2pg_nocache(query.encode(encoding) if isinstance(query, str) else query, encoding)
-
-
-class _CachedQuery(_queries.PostgresQuery):
-    """psycopg turns a statement's named placeholders into PostgreSQL's `$n` on every execute,
-    and caches that only for statements up to 4,096 bytes (ORMs generate long statements of
-    ever new shapes). These are a few fixed ones, the settlement's pass-on about 8 KB, whose
-    conversion (a regular-expression split of the whole text) took a tenth of a worker's time
-    per task: converted once per process, by text and encoding."""
-
-    def convert(self, query, vars):
-        if vars is None or not isinstance(query, (str, bytes)):
-            return super().convert(query, vars)
-        self.query, self._want_formats, self._order, self._parts = _converted(query, self._tx.encoding)
-        self.dump(vars)
-
-
-# psycopg's conversion is private: where a release changed it, its own (uncached) is used.
-_CACHEABLE = hasattr(_queries, "_query2pg_nocache") and hasattr(_queries.PostgresQuery, "_ensure_bytes")
-
-
 class _PreparedCursor(psycopg.Cursor):
-    """A server-side binding cursor that prepares every statement it runs (its conversion of
-    named placeholders cached: `_CachedQuery`)."""
-
-    if _CACHEABLE:
-        _query_cls = _CachedQuery
+    """A server-side binding cursor that prepares every statement it runs."""
 
     def execute(self, query, params=None, *, prepare=None, binary=None):
         # Django connects with prepare_threshold None, which turns preparing off even when asked
         # for: a threshold no statement reaches, for this statement only, prepares it and
         # leaves Django's own (client-side bound, never prepared) as they were.
-        conn = self._conn
+        conn = self.connection
         threshold = conn.prepare_threshold
         if threshold is None:
             conn.prepare_threshold = _NEVER_AUTOMATICALLY
@@ -100,6 +70,18 @@ def cursor() -> CursorWrapper:
     if connection.timezone != raw.adapters.get_loader(_TIMESTAMPTZ_OID, Format.TEXT).timezone:
         register_tzloader(connection.timezone, raw)  # as Django's own cursors do
     return _LoggedCursor(raw, connection) if connection.queries_logged else connection.make_cursor(raw)
+
+
+def load_queries(path: Path) -> dict[str, str]:
+    """The statements of a .sql file, by name: each starts at a `-- name: <name>` line and runs to
+    the next; its comment lines are left out, its lines joined by one space (so that psycopg keeps
+    its conversion of the named placeholders: it caches statements of up to 4,096 bytes)."""
+    queries: dict[str, str] = {}
+    for chunk in re.split(r"^-- name: ", path.read_text(), flags=re.MULTILINE)[1:]:
+        name, _, body = chunk.partition("\n")
+        lines = (line.strip() for line in body.splitlines())
+        queries[name.strip()] = " ".join(line for line in lines if line and not line.startswith("--")).rstrip(";")
+    return queries
 
 
 def fetch_one(statement: str, params: Mapping[str, Any]) -> tuple | None:
@@ -144,18 +126,6 @@ def trust_quiet_connection() -> None:
     if select.select([raw.fileno()], [], [], 0)[0]:
         return
     connection.health_check_done = True
-
-
-def params(*parts: Mapping[str, Any]) -> dict[str, Any]:
-    """The named parameters of a statement made of parts (each a rule's or a fragment's own): a
-    name two parts share must mean the same value in both (the same account, the same `now`)."""
-    merged: dict[str, Any] = {}
-    for part in parts:
-        for name, value in part.items():
-            if name in merged and merged[name] != value:
-                raise ValueError(f"parameter {name!r} given two values: {merged[name]!r} and {value!r}")
-            merged[name] = value
-    return merged
 
 
 def close_old_connections() -> None:

@@ -1,6 +1,6 @@
 """The holding area (DeferredTask, counted in Backlog): work that may not run now waits here with its
 reason and the time it may go, instead of in the broker. Only this module (and the triggers that
-count it) writes these tables; other apps' hand-written statements use scheduling.sql.
+count it) writes these tables; other apps' hand-written statements use the SQL functions of migration 0023 (fairshare_*).
 
 The words, each in one sense:
 - hold: put a job in the holding area. It waits for a time of its own (a retry's back-off, a
@@ -11,7 +11,7 @@ The words, each in one sense:
   day: `hold` blocks it; `unblock` when an operator gives it more).
 - release: take held work out of the holding area and send it again; nothing else.
 - claim: a worker takes the first job of a line to run it itself, straight away, without a broker
-  round trip (budgets' statements, through scheduling.sql `claim`); the row stays, marked with the worker and a lease, until that
+  round trip (budgets' statements, budgets/ledger/queries.sql `claim`); the row stays, marked with the worker and a lease, until that
   run starts. A claim whose lease expired (its worker died) is claimable again (`claimable`).
 - park: keep a message of a newer envelope version than this process speaks, unchanged, for a
   worker that speaks it; parked messages are never claimed.
@@ -116,7 +116,7 @@ def unblock(*, account_id: int, queue: str) -> int:
         blocked_until=NOT_BLOCKED)
 
 
-def let_go_due(now: dt.datetime) -> int:
+def unblock_due(now: dt.datetime) -> int:
     """The pulse's tick lets go the lines held up until a time that came (the next budget day, a
     rate limit's window): `ready` asks no time, so that a prepared statement's generic plan reads
     only the lines that could go. Reads only the lines whose time came (index backlog_held_up),
@@ -128,7 +128,7 @@ def let_go_due(now: dt.datetime) -> int:
         return Backlog.objects.filter(pk__in=due).update(blocked_until=NOT_BLOCKED) if due else 0
 
 
-def next_let_go() -> dt.datetime | None:
+def next_unblock() -> dt.datetime | None:
     """When the first held-up line's time comes (None: none is): the first of backlog_held_up."""
     return (Backlog.objects.filter(blocked_until__gt=NOT_BLOCKED).order_by("blocked_until")
             .values_list("blocked_until", flat=True).first())
@@ -168,7 +168,7 @@ def claimable(now: dt.datetime) -> Q:
 
 def ready() -> Q:
     """Backlog rows of accounts whose line could go now: something in line, not held up (a line
-    whose time came is let go by the pulse's next tick: `let_go_due`). (Paused accounts are for
+    whose time came is let go by the pulse's next tick: `unblock_due`). (Paused accounts are for
     the caller to leave out: scheduling.pausing.)"""
     return Q(lined=True, blocked_until=NOT_BLOCKED)
 
@@ -180,7 +180,7 @@ def in_line(*, account_id: int, queue: str) -> bool:
 
 def claim_held(*, job: str, ref: str, worker: str) -> bool:
     """Whether `worker` still holds its claim on the job (a claim: budgets' statements, through
-    scheduling.sql `claim`)."""
+    budgets/ledger/queries.sql `claim`)."""
     return DeferredTask.objects.filter(job=job, ref=ref, claimed_by=worker).exists()
 
 
@@ -196,9 +196,9 @@ def unclaim(*, job: str, ref: str, worker: str) -> int:
     return DeferredTask.objects.filter(job=job, ref=ref, claimed_by=worker).update(claimed_by="", claim_expires_at=None)
 
 
-def release_first(*, account_id: int, queue: str, limit: int, let_go: Q | None = None) -> list[DeferredTask]:
+def release_first(*, account_id: int, queue: str, limit: int, may_take_over: Q | None = None) -> list[DeferredTask]:
     """Ring the doorbell again for the first `limit` jobs of the account's line; returns them
-    (`let_go`: held jobs whose claim expired that may be taken over, as scheduling.sql `claim`'s).
+    (`may_take_over`: held jobs whose claim expired that may be taken over, as budgets/ledger/queries.sql `claim`'s).
 
     Call it inside a transaction: the rows are locked (SKIP LOCKED, so concurrent callers take
     different ones) and sent once the caller commits.
@@ -206,7 +206,7 @@ def release_first(*, account_id: int, queue: str, limit: int, let_go: Q | None =
     if limit <= 0:
         return []
     first = list(DeferredTask.objects.select_for_update(skip_locked=True)
-                 .filter(claimable(clock.now()), let_go or Q(), account_id=account_id, queue=queue).order_by(*LINE_ORDER)[:limit])
+                 .filter(claimable(clock.now()), may_take_over or Q(), account_id=account_id, queue=queue).order_by(*LINE_ORDER)[:limit])
     _send_back(first)
     return first
 
@@ -248,7 +248,7 @@ def release_due(*, idle_workers: dict[str, int] | None = None) -> int:
     many as there are idle workers, EnqueueGate.release_due); with no gate, every line that may go
     goes. Messages parked for a version this process speaks go back too. Returns how many went."""
     now = clock.now()
-    let_go_due(now)
+    unblock_due(now)
     _, sent = line_up_due(now)
     sent += release_parked()
     gates = enqueue_gates()

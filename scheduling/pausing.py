@@ -11,7 +11,7 @@ import datetime as dt
 from django.db import IntegrityError, transaction
 from django.db.models import Q
 
-from scheduling import db, holding, sql
+from scheduling import db, holding
 from scheduling.envelope import Envelope
 from scheduling.gates import EnqueueGate
 from scheduling.models import DeferReason, DeferredTask, Outcome, Pause
@@ -27,10 +27,10 @@ def _covering(*, account_id: int, queue: str):
 
 def covered(*, account_id: int, queue: str) -> bool:
     """Whether a pause covers the account's work on the queue."""
-    # Hand-written (`_covering`'s condition, as scheduling.sql.paused writes it): it runs for every
-    # job enqueued, and the ORM cost more than the query.
+    # Hand-written (`_covering`'s condition, as the SQL function fairshare_pauses of migration 0023
+    # writes it): it runs for every job enqueued, and the ORM cost more than the query.
     with db.cursor() as cursor:
-        cursor.execute("SELECT " + sql.paused(account="%(account_id)s", queue="%(queue)s"),
+        cursor.execute("SELECT EXISTS (SELECT 1 FROM fairshare_pauses(%(account_id)s, %(queue)s))",
                        {"account_id": account_id, "queue": queue})
         return bool(cursor.fetchone()[0])
 

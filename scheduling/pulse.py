@@ -51,9 +51,9 @@ def _watch_the_pool(watch: stuck.StuckWatch | None, queue: str) -> dt.datetime |
 
 def _until_next_tick(interval: float) -> float:
     """`interval`, or less when the first held-up line's time comes sooner (one index entry)."""
-    from scheduling.holding import next_let_go
+    from scheduling.holding import next_unblock
 
-    until = next_let_go()
+    until = next_unblock()
     if until is None:
         return interval
     return min(interval, max(MIN_TICK_S, (until - clock.now()).total_seconds()))

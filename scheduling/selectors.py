@@ -13,6 +13,6 @@ def finished_run_cpu_ms(*, run_id: int) -> int | None:
 def recent_starts(*, account_id: int, queue: str, since: dt.datetime, limit: int) -> list[dt.datetime]:
     """When the account's latest runs on the queue started, newest first: those since `since` (a
     rate limit's window), at most `limit` (index taskrun_account_queue_started: at most `limit`
-    entries read, whatever the history holds). scheduling.sql's `recent_starts` in SQL."""
+    entries read, whatever the history holds). The SQL function fairshare_window (migration 0023) in SQL."""
     return list(TaskRun.objects.filter(account_id=account_id, queue=queue, started_at__gt=since)
                 .exclude(outcome__in=NOT_STARTED).order_by("-started_at").values_list("started_at", flat=True)[:limit])

@@ -147,10 +147,11 @@ class PrivatePostgres:
     def create_database(self, name: str) -> None:
         """CREATE DATABASE unless it exists (the server's data may be kept from an earlier run)."""
         import psycopg
+        from psycopg import sql
 
         with psycopg.connect(self.url(), autocommit=True) as conn:
             if not conn.execute("SELECT 1 FROM pg_database WHERE datname = %s", [name]).fetchone():
-                conn.execute(f'CREATE DATABASE "{name}"')
+                conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
 
     def stop(self, mode: str = "fast") -> None:
         pid = self.pid

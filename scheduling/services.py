@@ -1,13 +1,12 @@
 """Writes of the scheduling app: task runs and maintenance. (The holding area: scheduling.holding.)"""
 import datetime as dt
-import functools
 import os
 import socket
 from dataclasses import dataclass
 from typing import Any
 
 from django.conf import settings
-from django.db import DEFAULT_DB_ALIAS, connection, connections, transaction
+from django.db import transaction
 from django.db.models import Count, F, Q, Sum
 from django.db.models.functions import Coalesce, Now, TruncDate
 from django.utils import timezone
@@ -107,32 +106,16 @@ def task_run_mark_started(*, run: TaskRun) -> int:
     return run.pk
 
 
-# A run's start and end as SQL, for a caller that sends them with its own writes in one statement
-# (budgets' ledger: its admission and settlement, a round trip less for each). Named
-# parameters: `run_<column>` for the insert, `end_<column>` for the end, so both fit one statement.
+# A run's start and end as parameters, for a caller that writes them in its own statement (budgets'
+# ledger: its admission and settlement, a round trip less for each; its statements list TaskRun's
+# columns, which tests/budgets/test_transitions.py checks against the model).
 
-def task_run_insert_sql(run: TaskRun, *, source: str = "", taken: dict[str, str] | None = None) -> tuple[str, dict]:
-    """`task_run_mark_started` for a run not saved yet: an INSERT returning its id (the caller sets
-    `run.pk` from it). With `source`, an `INSERT … SELECT … FROM source` whose fields named in
-    `taken` are SQL expressions over it (e.g. the job and ref a claim returned)."""
+def task_run_start_params(run: TaskRun) -> dict[str, Any]:
+    """`task_run_mark_started` for a run not saved yet, as a statement's parameters `run_<field>`
+    (the caller sets `run.pk` from what its INSERT returns)."""
     run.started_at = timezone.now()
-    taken = taken or {}
-    sql, fields = _task_run_insert(source, tuple(taken.items()))
-    db = connections[DEFAULT_DB_ALIAS]  # not the proxy: each field's preparation asks it again
-    return sql, {f"run_{f.column}": f.get_db_prep_save(f.pre_save(run, True), db) for f in fields}
-
-
-@functools.cache
-def _task_run_insert(source: str, taken: tuple[tuple[str, str], ...]) -> tuple[str, tuple]:
-    """The INSERT's SQL and the fields its parameters are, made once per shape: this runs at the
-    start of every account's task."""
-    taken_sql = dict(taken)
-    fields = [f for f in TaskRun._meta.concrete_fields if not f.primary_key]
-    values = [taken_sql.get(f.name, f"%(run_{f.column})s") for f in fields]
-    columns = ", ".join(connection.ops.quote_name(f.column) for f in fields)
-    rows = f"SELECT {', '.join(values)} FROM {source}" if source else f"VALUES ({', '.join(values)})"
-    sql = f"INSERT INTO {TaskRun._meta.db_table} ({columns}) {rows} RETURNING {TaskRun._meta.pk.column}"
-    return sql, tuple(f for f in fields if f.name not in taken_sql)
+    return {"run_account_id": run.account_id, "run_job": run.job, "run_queue": run.queue, "run_ref": run.ref,
+            "run_worker": run.worker, "run_started_at": run.started_at}
 
 
 @dataclass(frozen=True)
@@ -155,27 +138,18 @@ class RunEnd:
             values.update(outcome=self.outcome, items=self.items, error_class=error_class, error_message=error_message)
         return values
 
+    def params(self) -> dict[str, Any]:
+        """`values` as a statement's parameters, each one given (None: not known yet, kept as it is)."""
+        return {"outcome": None, "items": None, "error_class": None, "error_message": None, **self.values()}
+
 
 def task_run_end(*, run_id: int, end: RunEnd) -> None:
     """Record how the run ended (`RunEnd`), in the caller's transaction."""
     TaskRun.objects.filter(pk=run_id).update(**end.values())
 
 
-def task_run_end_sql(*, run_id_sql: str, end: RunEnd) -> tuple[str, dict]:
-    """`task_run_end` as SQL: an UPDATE of the run whose id `run_id_sql` gives (a parameter, or a
-    sub-select of the caller's statement). Parameters: `end_<column>`."""
-    values = end.values()
-    return _task_run_end(tuple(values), run_id_sql), {f"end_{column}": value for column, value in values.items()}
-
-
-@functools.cache
-def _task_run_end(columns: tuple[str, ...], run_id_sql: str) -> str:
-    assignments = ", ".join(f"{connection.ops.quote_name(column)} = %(end_{column})s" for column in columns)
-    return f"UPDATE {TaskRun._meta.db_table} SET {assignments} WHERE {TaskRun._meta.pk.column} = {run_id_sql}"
-
-
 def task_run_recorded(run: TaskRun, *, outcome: str | None) -> None:
-    """The caller's write recorded the run's end (`task_run_end`, `task_run_end_sql`) and committed:
+    """The caller's write recorded the run's end (`task_run_end`, or its `RunEnd.params` in the caller's statement) and committed:
     with an outcome the record is complete, and the run recording writes nothing more."""
     if outcome is not None:
         run.outcome = outcome
@@ -186,12 +160,6 @@ def task_run_mark_lost(*, run_id: int, cpu_ms: int, reason: str) -> bool:
     return TaskRun.objects.filter(pk=run_id, outcome=Outcome.RUNNING).update(
         outcome=Outcome.LOST, cpu_ms=cpu_ms, finished_at=Now(), error_class="WorkerLost", error_message=reason,
     ) == 1
-
-
-def task_run_mark_running_again(*, run_id: int) -> bool:
-    """A run marked lost whose worker was only frozen woke up and goes on (it took a slot again)."""
-    return TaskRun.objects.filter(pk=run_id, outcome=Outcome.LOST).update(
-        outcome=Outcome.RUNNING, finished_at=None, error_class="", error_message="") == 1
 
 
 def task_run_mark_not_started(*, run_id: int, reason: str) -> bool:

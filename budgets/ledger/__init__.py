@@ -3,9 +3,9 @@ this package (call them as `ledger.<transition>`, `from budgets import ledger`).
 
 A slot is a Reservation row; its states and the one transition that moves it between them:
 
-    (a job held)                                          (none)
-        | claim_for / claim_and_admit (hand-off, pull)      | dispatch / dispatch_or_hold (enqueue)
-        v                                                   v
+    (a job held)                                             (none)
+        | claim_for / claim_and_admit (claim_next, fetch_next) | dispatch / dispatch_or_hold (enqueue)
+        v                                                      v
     DISPATCHED on a claim's lease ── activate ──>  ACTIVE  <── activate (admission) ── DISPATCHED
     ACTIVE on a claim's lease ── start_admitted ──>  ACTIVE (running; the watcher renews its lease)
     ACTIVE ── charge (settlement; may pass the slot on: a new ACTIVE one for the next held job,
@@ -21,7 +21,8 @@ runs it was passed on from, whose CPU its day still holds as reserved.
 
 Where each transition lives: reads (the lock, the standing, the fair order), dispatching (on the
 way to the broker), admitting (a run admitted, or its admission undone), leases (a running slot's
-lease: renew, grow, reclaim, revive), settling (the charge and the pass-on). Every transition that
+lease: renew, grow, reclaim, revive), settling (the charge and the pass-on); their statements are
+budgets/ledger/queries.sql's, one named statement a transition. Every transition that
 can refuse work runs under the account's lock (budgets.locks), but three statements, which still
 cannot pass a cap (their modules say why): the charge and its pass-on, and `admit_at_once`.
 """
@@ -31,7 +32,7 @@ from budgets.ledger.admitting import (
 from budgets.ledger.dispatching import dispatch, dispatch_many, dispatch_or_hold, drop, redispatch, undispatch
 from budgets.ledger.leases import grow, reclaim, renew, revive
 from budgets.ledger.reads import (
-    IN_FLIGHT, broker_waiting, let_go, lock, ready_accounts, standing, usage_id,
+    IN_FLIGHT, broker_waiting, lock, may_take_over, ready_accounts, standing, usage_id,
 )
 from budgets.ledger.settling import charge
 from budgets.ledger.values import AdmittedAtOnce, Charged, Claimed, PassOn, Ready
@@ -39,7 +40,7 @@ from budgets.ledger.values import AdmittedAtOnce, Charged, Claimed, PassOn, Read
 __all__ = [
     "IN_FLIGHT", "AdmittedAtOnce", "Charged", "Claimed", "PassOn", "Ready",
     "activate", "admit_at_once", "broker_waiting", "charge", "claim_and_admit", "claim_for", "dispatch",
-    "dispatch_many", "dispatch_or_hold", "drop", "grow", "let_go", "lock", "ready_accounts", "reclaim",
+    "dispatch_many", "dispatch_or_hold", "drop", "grow", "lock", "may_take_over", "ready_accounts", "reclaim",
     "redispatch", "renew", "reserve_if_left", "reserve_more", "revive", "standing", "start_admitted", "unadmit",
     "undispatch", "usage_id",
 ]

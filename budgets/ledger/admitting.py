@@ -4,7 +4,7 @@ undoing of an admission whose run never started.
 
 `admit_at_once` takes no lock and still cannot pass a cap: it proves by the account's Budget row's
 version that no lock holder committed since its snapshot, and holds that row to its commit
-(budgets/ledger/statements.py ADMIT_AT_ONCE). Everything else here runs under the account's lock
+(queries.sql `admit_at_once`). Everything else here runs under the account's lock
 (budgets.locks), which read the standing it decides on.
 
 Cost: rows by key (the account's Budget and usage row, the job's slot, its run), and for a claim
@@ -12,21 +12,16 @@ the first unclaimed rows of one account's line (index deferred_line).
 """
 import datetime as dt
 
-from django.db import transaction
-from django.db.models import F, Q
 from django.utils import timezone
 
 from budgets import standing
-from budgets.ledger import statements as s
-from budgets.ledger.reads import broker_window, usage_id
-from budgets.ledger.settling import charge_day
+from budgets.ledger.reads import QUERIES, broker_window, usage_id
 from budgets.ledger.values import AdmittedAtOnce, Claimed
-from budgets.models import Reservation, ReservationStatus, UsageDay
 from budgets.standing import Standing
-from scheduling import clock, db, sql
+from scheduling import clock, db
 from scheduling.envelope import Envelope
 from scheduling.models import TaskRun
-from scheduling.services import task_run_insert_sql
+from scheduling.services import task_run_start_params
 
 # How many times `admit_at_once` tries when a lock holder committed since its statement's
 # snapshot: again at once (a new snapshot sees that commit: the account's other worker admitting
@@ -38,19 +33,22 @@ def admit_at_once(*, envelope: Envelope, queue: str, day: dt.date, reserve_ms: i
                   worker: str) -> AdmittedAtOnce:
     """DISPATCHED (its own) -> ACTIVE without the lock, for a job sent with a slot of its own whose
     account is plainly below its caps; slot_id None when the lock must decide."""
-    run_sql, run_params = task_run_insert_sql(run, source="u")
-    statement = s.compose(s.ADMIT_AT_ONCE, run=run_sql)
-    params = db.params(run_params, {
-        "account_id": envelope.account, "queue": queue, "job": envelope.job, "ref": envelope.ref, "day": day,
-        "reserve_ms": reserve_ms, "worker": worker, "lease": standing.run_lease_expiry()})
+    params = {**task_run_start_params(run), "account_id": envelope.account, "queue": queue, "job": envelope.job,
+              "ref": envelope.ref, "day": day, "reserve_ms": reserve_ms, "worker": worker,
+              "lease": standing.run_lease_expiry()}
     for _ in range(AT_ONCE_TRIES):
-        row = db.fetch_one_named(statement, params)
+        row = db.fetch_one_named(QUERIES["admit_at_once"], params)
         if row["fresh"]:
             break  # decided (admitted or not); else a lock holder committed since its snapshot
     if row["slot_id"] is None:
         return AdmittedAtOnce(None)
     run.pk = row["task_run_id"]
     return AdmittedAtOnce(row["slot_id"], paused=row["paused"])
+
+
+# `activate`'s run parameters when it inserts no run (its INSERT's one-time filter is false).
+NO_RUN = {"run_account_id": None, "run_job": "", "run_queue": "", "run_ref": "", "run_worker": "",
+          "run_started_at": None}
 
 
 def activate(*, envelope: Envelope, queue: str, state: Standing, day: dt.date, own: int | None, reserve_ms: int,
@@ -60,39 +58,44 @@ def activate(*, envelope: Envelope, queue: str, state: Standing, day: dt.date, o
     the claim. Its lease is a running slot's, or `lease_s` (admitted ahead with a claim: until it
     starts). Under the account's lock; returns the slot's id."""
     insert_run = run is not None and run.pk is None
-    run_sql, run_params = task_run_insert_sql(run) if insert_run else ("", {})
-    statement = s.compose(s.ACTIVATE[(own is not None, insert_run, claimant is not None)], run=run_sql,
-                          complete_claim=sql.complete_claim())
     lease = standing.run_lease_expiry() if lease_s is None else timezone.now() + dt.timedelta(seconds=lease_s)
-    params = db.params(run_params, {
-        "usage_id": usage_id(state, account_id=envelope.account, queue=queue, day=day),
+    row = db.fetch_one_named(QUERIES["activate"], {
+        **(task_run_start_params(run) if insert_run else NO_RUN), "insert_run": insert_run,
+        "claimed": claimant is not None, "usage_id": usage_id(state, account_id=envelope.account, queue=queue, day=day),
         "reserve_ms": reserve_ms, "own": own, "account_id": envelope.account, "queue": queue, "day": day,
         "job": envelope.job, "ref": envelope.ref, "worker": worker, "lease": lease, "created_at": timezone.now(),
         "run_id": run.pk if run is not None else None})
-    row = db.fetch_one_named(statement, params)
     if insert_run:
         run.pk = row["task_run_id"]
     return row["id"]
 
 
-def _claim_params(*, account_id: int, queue: str, day: dt.date, worker: str) -> dict:
-    """A claim's: its expiry on the kernel's clock (the holding area's), its slot's lease on the wall clock."""
+def _claim(*, account_id: int, queue: str, day: dt.date, worker: str, yield_to_broker: bool, admit: bool,
+           usage: int | None = None, reserve_ms: int = 0) -> Claimed | None:
+    """The `claim` statement: its claim's expiry on the kernel's clock (the holding area's), its
+    slot's lease on the wall clock."""
     now, lease_s = clock.now(), standing.claim_lease_s()
-    return {"account_id": account_id, "queue": queue, "day": day, "worker": worker, "now": now,
-            "claim_expires_at": now + dt.timedelta(seconds=lease_s), **broker_window(),
-            "slot_lease": timezone.now() + dt.timedelta(seconds=lease_s), "created_at": timezone.now()}
+    run = TaskRun(account_id=account_id, queue=queue, worker=worker)
+    row = db.fetch_one_named(QUERIES["claim"], {
+        "account_id": account_id, "queue": queue, "day": day, "worker": worker, "now": now,
+        "claim_expires_at": now + dt.timedelta(seconds=lease_s), **broker_window(), "yield_to_broker": yield_to_broker,
+        "slot_lease": timezone.now() + dt.timedelta(seconds=lease_s), "created_at": timezone.now(), "admit": admit,
+        "usage_id": usage, "reserve_ms": reserve_ms, "run_started_at": task_run_start_params(run)["run_started_at"]})
+    if row is None:
+        return None
+    envelope = Envelope(job=row["job"], account=account_id, ref=row["ref"], priority=row["priority"])
+    if not admit:
+        return Claimed(envelope, row["id"])
+    run.pk, run.job, run.ref = row["task_run_id"], row["job"], row["ref"]
+    return Claimed(envelope, row["id"], run=run, reserved_ms=reserve_ms, usage_id=usage)
 
 
 def claim_for(*, account_id: int, queue: str, day: dt.date, worker: str, yield_to_broker: bool) -> Claimed | None:
     """(a held job) -> DISPATCHED on the claim's lease: claim the first job of the account's line for
     `worker` and take its slot, unless (`yield_to_broker`) a job sent to the broker waits. Under the
     account's lock."""
-    claim = s.CLAIM_YIELDING if yield_to_broker else s.CLAIM
-    row = db.fetch_one_named(s.compose(s.CLAIM_FOR, claim=claim),
-                             _claim_params(account_id=account_id, queue=queue, day=day, worker=worker))
-    if row is None:
-        return None
-    return Claimed(Envelope(job=row["job"], account=account_id, ref=row["ref"], priority=row["priority"]), row["id"])
+    return _claim(account_id=account_id, queue=queue, day=day, worker=worker, yield_to_broker=yield_to_broker,
+                  admit=False)
 
 
 def claim_and_admit(*, account_id: int, queue: str, state: Standing, day: dt.date, worker: str, reserve_ms: int,
@@ -100,18 +103,9 @@ def claim_and_admit(*, account_id: int, queue: str, state: Standing, day: dt.dat
     """(a held job) -> ACTIVE on the claim's lease: `claim_for`, and the job admitted ahead in the
     same statement: `reserve_ms` reserved, its run recorded. Under the account's lock, which saw the
     standing let it in."""
-    claim = s.CLAIM_YIELDING if yield_to_broker else s.CLAIM
-    run = TaskRun(account_id=account_id, queue=queue, worker=worker)
-    new_run_sql, new_run_params = task_run_insert_sql(run, source="c", taken={"job": "c.job", "ref": "c.ref"})
-    usage = usage_id(state, account_id=account_id, queue=queue, day=day)
-    params = db.params(new_run_params, _claim_params(account_id=account_id, queue=queue, day=day, worker=worker),
-                       {"usage_id": usage, "reserve_ms": reserve_ms})
-    row = db.fetch_one_named(s.compose(s.CLAIM_AND_ADMIT, claim=claim, new_run=new_run_sql), params)
-    if row is None:
-        return None
-    run.pk, run.job, run.ref = row["task_run_id"], row["job"], row["ref"]
-    return Claimed(Envelope(job=row["job"], account=account_id, ref=row["ref"], priority=row["priority"]), row["id"],
-                   run=run, reserved_ms=reserve_ms, usage_id=usage)
+    return _claim(account_id=account_id, queue=queue, day=day, worker=worker, yield_to_broker=yield_to_broker,
+                  admit=True, usage=usage_id(state, account_id=account_id, queue=queue, day=day),
+                  reserve_ms=reserve_ms)
 
 
 def start_admitted(*, slot_id: int, envelope: Envelope, worker: str) -> bool:
@@ -119,35 +113,28 @@ def start_admitted(*, slot_id: int, envelope: Envelope, worker: str) -> bool:
     completes, if its slot is still there (locked, not written: the claim's lease runs until the
     run's watcher renews it, well before it ends: budgets.watcher). False when either is gone (the
     slot reclaimed, or the job held again, which voids a claim): it must not run."""
-    return db.fetch_one(s.START_ADMITTED, {"slot_id": slot_id, "job": envelope.job, "ref": envelope.ref,
-                                           "worker": worker}) is not None
+    return db.fetch_one(QUERIES["start_admitted"], {"slot_id": slot_id, "job": envelope.job, "ref": envelope.ref,
+                                                    "worker": worker}) is not None
 
 
 def unadmit(*, slot_id: int, account_id: int, queue: str, expired_before: dt.datetime | None = None) -> int | None:
     """ACTIVE on a claim's lease -> (none): an admission whose run never started is undone, its CPU
     unreserved, nothing charged or counted; with `expired_before`, only if its lease is still
     expired then; what the slot carried of the runs it was passed on from is charged. Returns its
-    run's id (None when nothing was undone)."""
-    with transaction.atomic():
-        slot = Reservation.objects.select_for_update().filter(
-            Q(lease_expires_at__lt=expired_before) if expired_before else Q(),
-            pk=slot_id, status=ReservationStatus.ACTIVE).first()
-        if slot is None:
-            return None
-        slot.delete()
-        charge_day(slot, reserved_ms=slot.cpu_reserved_ms)
-    return slot.task_run_id
+    run's id (None when nothing was undone). (`account_id`, `queue`: the slot's, as its row says.)"""
+    row = db.fetch_one(QUERIES["unadmit"], {"slot_id": slot_id, "expired_before": expired_before})
+    return None if row is None else row[0]
 
 
 def reserve_more(*, slot_id: int, usage_id: int, ms: int) -> None:
     """ACTIVE on a claim's lease -> the same: `ms` more reserved for a job admitted ahead whose
     estimate is larger than a step; under the lock, which saw the account has it."""
-    UsageDay.objects.filter(pk=usage_id).update(cpu_reserved_ms=F("cpu_reserved_ms") + ms)
-    Reservation.objects.filter(pk=slot_id).update(cpu_reserved_ms=F("cpu_reserved_ms") + ms)
+    db.fetch_one(QUERIES["reserve_more"], {"slot_id": slot_id, "usage_id": usage_id, "ms": ms, "checked": True})
 
 
 def reserve_if_left(*, slot_id: int, usage_id: int, ms: int) -> bool:
     """`ms` more for a slot admitted ahead (a pass-on's job that estimates more than it kept), when
     its account has that much left (checked on the usage row's latest version: two of these never
     reserve the same budget twice); no lock."""
-    return db.fetch_one(s.RESERVE_IF_LEFT, {"slot_id": slot_id, "usage_id": usage_id, "ms": ms}) is not None
+    return db.fetch_one(QUERIES["reserve_more"], {"slot_id": slot_id, "usage_id": usage_id, "ms": ms,
+                                                  "checked": False}) is not None

@@ -10,8 +10,7 @@ import datetime as dt
 from django.utils import timezone
 
 from budgets import standing
-from budgets.ledger import statements as s
-from budgets.ledger.reads import broker_window
+from budgets.ledger.reads import QUERIES, broker_window
 from budgets.models import Reservation, ReservationStatus
 from scheduling import clock, db
 from scheduling.envelope import Envelope
@@ -21,7 +20,7 @@ def dispatch_or_hold(*, envelope: Envelope, queue: str, day: dt.date) -> bool | 
     """The enqueue check's common case without the lock (an account with budget, a free slot and no
     rate limit): True when the job took a dispatched slot, False when it joined the account's line
     (behind its held work, or every worker being busy); None when the lock must decide."""
-    row = db.fetch_one(s.DISPATCH_OR_HOLD, {
+    row = db.fetch_one(QUERIES["dispatch_or_hold"], {
         "account_id": envelope.account, "queue": queue, "day": day, "job": envelope.job, "ref": envelope.ref,
         "priority": envelope.priority, "lease": standing.dispatch_lease_expiry(), "created_at": timezone.now(),
         "now": clock.now(), **broker_window()})

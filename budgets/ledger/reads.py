@@ -7,19 +7,21 @@ Cost, as held jobs and accounts grow: the lock and the standing read one account
 (job, ref); a rate limit's window at most the limit's count of TaskRun index entries); the fair
 order the Backlog rows of the accounts whose line could go now (index backlog_ready), never the
 held jobs; `broker_waiting` the slots sent in its window (index reservation_age). Their statements
-are budgets/ledger/statements.py's, EXPLAINed in tests/scheduling/test_held_work_cost.py.
+are budgets/ledger/queries.sql's (`QUERIES`, every ledger module's), EXPLAINed in
+tests/scheduling/test_held_work_cost.py.
 """
 import datetime as dt
+from pathlib import Path
 
 from django.db.models import Exists, OuterRef, Q
 from django.utils import timezone
 
-from budgets.ledger import statements as s
 from budgets.ledger.values import Ready
 from budgets.models import Queue, Reservation, ReservationStatus, UsageDay
 from budgets.standing import Standing
 from scheduling import clock, db
 
+QUERIES = db.load_queries(Path(__file__).with_name("queries.sql"))
 IN_FLIGHT = (ReservationStatus.DISPATCHED, ReservationStatus.ACTIVE)
 # A claimant yields to the broker when a job sent to the broker on its queue has waited this long
 # without starting: every worker is busy, and one that kept running held work would leave it
@@ -42,9 +44,10 @@ def broker_window() -> dict[str, dt.datetime]:
             "broker_since": now - dt.timedelta(seconds=BROKER_WAIT_YIELD_S)}
 
 
-def let_go() -> Q:
+def may_take_over() -> Q:
     """Held jobs a release may take over once their claim expired: those whose claim's slot was
-    given back (statements.let_go says why; the same rule for a release's ORM query)."""
+    given back (the rule fairshare_job_slots of budgets' migration 0012 says why; the same rule for a
+    release's ORM query)."""
     slot = Reservation.objects.filter(account_id=OuterRef("account_id"), queue=OuterRef("queue"), status__in=IN_FLIGHT,
                                       job=OuterRef("job"), ref=OuterRef("ref"))
     return Q(claim_expires_at__isnull=True) | ~Exists(slot)
@@ -54,7 +57,7 @@ def lock(*, account_id: int, queue: str) -> bool:
     """Lock the account's Budget row on the queue (in the caller's transaction); False when it has
     none. A write that changes nothing, so that the row gets a new version each time it is locked,
     which `admit_at_once` checks."""
-    return db.fetch_one(s.LOCK, {"account_id": account_id, "queue": queue}) is not None
+    return db.fetch_one(QUERIES["lock"], {"account_id": account_id, "queue": queue}) is not None
 
 
 def standing(*, account_id: int, queue: str, day: dt.date, envelope=None, claimant: str | None = None) -> Standing | None:
@@ -63,8 +66,9 @@ def standing(*, account_id: int, queue: str, day: dt.date, envelope=None, claima
     `claimant` still holds its claim on it; the slots taken are not counted for a job that holds a
     slot of its own."""
     job, ref = (envelope.job, envelope.ref) if envelope is not None else ("", "")
-    row = db.fetch_one_named(s.STANDING, {"account_id": account_id, "queue": queue, "day": day, "job": job, "ref": ref,
-                                          "claimant": claimant, "now": clock.now(), "wall_now": timezone.now()})
+    row = db.fetch_one_named(QUERIES["standing"], {
+        "account_id": account_id, "queue": queue, "day": day, "job": job, "ref": ref, "claimant": claimant,
+        "now": clock.now(), "wall_now": timezone.now()})
     if row is None:
         return None
     return Standing(**{**row, "rate_frees_at": clock.from_wall(row["rate_frees_at"])})
@@ -85,7 +89,7 @@ def ready_accounts(*, queue: str | None, limit: int | None = None) -> list[Ready
     if queue is None:
         return [ready for q in Queue.values for ready in ready_accounts(queue=q, limit=limit)]
     with db.cursor() as cursor:
-        cursor.execute(s.READY_ACCOUNTS, {"queue": queue, "limit": limit})
+        cursor.execute(QUERIES["ready_accounts"], {"queue": queue, "limit": limit})
         return [Ready(account_id, queue, share) for account_id, share in cursor.fetchall()]
 
 
@@ -93,4 +97,4 @@ def broker_waiting(*, queue: str) -> bool:
     """Whether a job sent to the broker on the queue has waited BROKER_WAIT_YIELD_S without
     starting, and not yet BROKER_WAIT_FORGET_S (a claimed job's slot is not one: its held row is
     still there)."""
-    return db.fetch_one(s.BROKER_WAITING, {"queue": queue, **broker_window()})[0]
+    return db.fetch_one(QUERIES["broker_waiting"], {"queue": queue, **broker_window()})[0]

@@ -6,7 +6,7 @@ import pytest
 from django.utils import timezone
 from django_q.models import OrmQ
 
-from budgets.handoff import pull
+from budgets.handoff import fetch_next
 from budgets.models import Budget, Reservation, ReservationStatus
 from budgets.admission import admit, start_admitted
 from budgets.handoff import release_due
@@ -130,7 +130,7 @@ def test_an_expired_claim_is_taken_over_only_once_the_reclaim_gave_its_slot_back
     DeferredTask.objects.update(claim_expires_at=clock.now() - dt.timedelta(seconds=1))
     Reservation.objects.update(lease_expires_at=timezone.now() - dt.timedelta(seconds=1))
 
-    assert pull(queue="default", worker="w2") is None
+    assert fetch_next(queue="default", worker="w2") is None
     assert release_due() == 0
     assert DeferredTask.objects.get().claimed_by == "w1"
 
@@ -171,7 +171,7 @@ def test_pull_serves_the_account_with_the_fewest_slots_in_use_first_and_only_int
     hold(envelope=Envelope(job="tests.noop", account=idle.pk, ref="0/i-0"), queue="default",
          reason=DeferReason.RETRY_BACKOFF, eligible_at=clock.now())
 
-    pulled = [getattr(pull(queue="default", worker="w2"), "envelope", None) for _ in range(3)]
+    pulled = [getattr(fetch_next(queue="default", worker="w2"), "envelope", None) for _ in range(3)]
 
     assert pulled == [Envelope(job="tests.noop", account=idle.pk, ref="0/i-0"),  # no slot in use
                       Envelope(job="tests.noop", account=busy.pk, ref="0/b-3"),  # its oldest held
@@ -193,13 +193,13 @@ def test_a_worker_yields_to_work_waiting_in_the_broker_instead_of_claiming(accou
                      hand_to="w1")
 
     assert settled.handed_to is None  # the worker goes back to the broker ...
-    assert pull(queue="default", worker="w1") is None
+    assert fetch_next(queue="default", worker="w1") is None
     # ... and the freed slot's job waits in line, not behind the broker's job (which would run it
     # first in, first out): every worker is busy, and the first to take the broker's job pulls it next.
     assert not Reservation.objects.filter(account=account).exists()
     assert DeferredTask.objects.filter(ref="0/1", claimed_by="").exists()
     assert run(other_account, "0/waiting").admitted
-    assert pull(queue="default", worker="w1").envelope.ref == "0/1"
+    assert fetch_next(queue="default", worker="w1").envelope.ref == "0/1"
 
 
 def test_a_settlement_passes_its_slot_on_with_what_is_left_of_its_reservation(account, settings):
@@ -276,6 +276,6 @@ def test_a_paused_accounts_line_keeps_its_place_and_its_slot_is_not_passed_on(ac
     assert not Reservation.objects.exists() and usage(account).cpu_reserved_ms == 0
     held = DeferredTask.objects.get()
     assert (held.ref, held.claimed_by, held.in_line_since is not None) == ("0/1", "", True)
-    assert release_due() == 0 and pull(queue="default", worker="w1") is None
+    assert release_due() == 0 and fetch_next(queue="default", worker="w1") is None
     pause.delete()  # (resume: scheduling.pausing.resume)
-    assert pull(queue="default", worker="w1").envelope.ref == "0/1"
+    assert fetch_next(queue="default", worker="w1").envelope.ref == "0/1"

@@ -125,22 +125,6 @@ def test_the_chain_prepares_its_own_statements_once_per_connection_and_only_them
     assert TaskRun.objects.filter(outcome=Outcome.SUCCEEDED).count() == 3
 
 
-def test_the_prepared_cursor_converts_a_long_statement_once_per_process():
-    """scheduling.db: psycopg converts named placeholders on every execute and caches only
-    statements up to 4 KB; the settlement's pass-on is twice that. Its conversion is cached, and
-    the values still go to their names."""
-    from scheduling import db
-
-    statement = "SELECT %(b)s::int," + " " * 5000 + "%(a)s::int, %(b)s::int"
-    db._converted.cache_clear()
-    for i in range(3):
-        with db.cursor() as cursor:
-            cursor.execute(statement, {"a": i, "b": 7})
-            assert cursor.fetchone() == (7, i, 7)
-    info = db._converted.cache_info()
-    assert (info.misses, info.hits) == (1, 2)
-
-
 def test_a_task_spares_the_health_check_ping_only_while_its_connection_is_quiet(account, monkeypatch):
     """scheduling.db.trust_quiet_connection: after django-q2's close_old_connections() a connection
     that served the previous task moments ago and has nothing on its socket is used without

@@ -7,7 +7,7 @@ import pytest
 from django.utils import timezone
 
 from budgets.admission import admit
-from budgets.handoff import pull
+from budgets.handoff import fetch_next
 from budgets.models import Budget, Reservation, ReservationStatus
 from budgets.settlement import settle
 from scheduling import clock
@@ -72,7 +72,7 @@ def test_an_account_at_its_rate_limit_waits_with_its_reason_and_eta_and_goes_whe
     assert abs((line.blocked_until - expected).total_seconds()) < 0.01
     head = DeferredTask.objects.get(ref="0/3")
     assert (head.reason, head.eligible_at) == (DeferReason.RATE_LIMITED, line.blocked_until)
-    assert pull(queue="default", worker="w2") is None
+    assert fetch_next(queue="default", worker="w2") is None
     assert release_due() == 0
 
     a_window_later(settings, 60)
@@ -119,7 +119,7 @@ def test_a_rate_limited_account_leaves_its_workers_to_the_others_work(account, o
     enqueue_many(job="tests.noop", work=[(other_account.pk, f"0/o{i}") for i in range(12)])  # 2 held past its cap
     Reservation.objects.filter(account=other_account, ref__in=["0/o0", "0/o1"]).delete()  # two of its runs ended
 
-    pulled = pull(queue="default", worker="w2")
+    pulled = fetch_next(queue="default", worker="w2")
     assert pulled is not None and pulled.envelope.account == other_account.pk
     assert DeferredTask.objects.get(ref="0/b").claimed_by == ""
 
@@ -130,7 +130,7 @@ def test_pull_shares_the_workers_by_weight():
     budget(heavy, weight=3)
     held_from_the_start(light, heavy, jobs=10)  # light's line first
 
-    order = [pull(queue="default", worker=f"w{i}").envelope.account for i in range(8)]
+    order = [fetch_next(queue="default", worker=f"w{i}").envelope.account for i in range(8)]
 
     # Fewest slots for their weight first (ties: the longest waiting): 1:3.
     assert order == [light.pk, heavy.pk, heavy.pk, heavy.pk, light.pk, heavy.pk, heavy.pk, heavy.pk]
@@ -149,7 +149,7 @@ def test_a_settlement_leaves_its_slot_to_the_fair_order_when_another_accounts_tu
 
     # Its account keeps one slot, the other has none: not to its own next job, the worker pulls.
     assert settled.handed_to is None and settled.waiting
-    assert pull(queue="default", worker="w").envelope.ref == "0/o1"
+    assert fetch_next(queue="default", worker="w").envelope.ref == "0/o1"
 
 
 def test_a_settlement_keeps_its_slot_on_a_tie(account, other_account):

@@ -1,7 +1,8 @@
 """Each slot transition of budgets.ledger (the map in budgets/ledger/__init__.py), run on PostgreSQL
 by itself: the state it moves the slot from and to, what it charges or reserves on the day's usage
-row, and the named result it returns. (The rules that call them: test_admission, test_claims,
-test_handoff; their costs on large tables: tests/scheduling/test_held_work_cost.py.)"""
+row, and the named result it returns; each is one named statement of budgets/ledger/queries.sql or one
+ORM write. (The rules that call them: test_admission, test_claims, test_handoff; their costs on large
+tables: tests/scheduling/test_held_work_cost.py; the statements themselves: test_queries.py.)"""
 import datetime as dt
 
 import pytest
@@ -60,6 +61,23 @@ def test_standing_is_read_by_column_name(acme, day):
     assert (s.cpu_limit_ms, s.cpu_used_ms, s.cpu_reserved_ms, s.unreserved_ms) == (10_000, 2500, 500, 7000)
     assert (s.max_concurrent, s.in_flight, s.active, s.in_line, s.paused, s.weight) == (2, 0, 0, False, False, 1)
     assert ledger.standing(account_id=acme.pk, queue="exports", day=day) is None  # no Budget row there
+
+
+def test_the_lock_the_fair_order_and_the_brokers_question(acme, other_account, day):
+    assert not ledger.lock(account_id=acme.pk, queue="exports")  # no Budget row there
+    Budget.objects.create(account=other_account, queue=QUEUE, cpu_seconds_per_day=10, max_concurrent=2, weight=2)
+    for who in (acme, other_account):
+        holding.hold(envelope=job(who, f"held-{who.pk}"), queue=QUEUE, reason=DeferReason.CONCURRENCY_CAP,
+                     eligible_at=holding.clock.now())
+    ledger.dispatch(envelope=job(acme, "sent"), queue=QUEUE, day=day)
+    # Fewest slots in use for the weight first: the other account (0 of weight 2), then acme (1 of 1).
+    assert ledger.ready_accounts(queue=QUEUE) == [ledger.Ready(other_account.pk, QUEUE, 0.0),
+                                                  ledger.Ready(acme.pk, QUEUE, 1.0)]
+    assert ledger.broker_waiting(queue=QUEUE) is False  # sent just now: not waiting yet
+    Reservation.objects.update(created_at=timezone.now() - dt.timedelta(seconds=5))
+    assert ledger.broker_waiting(queue=QUEUE) is True
+    with transaction.atomic():  # a claim that yields to the broker takes nothing
+        assert ledger.claim_for(account_id=acme.pk, queue=QUEUE, day=day, worker="w", yield_to_broker=True) is None
 
 
 def test_dispatch_redispatch_drop_and_undispatch(acme, day):

@@ -140,7 +140,7 @@ def test_a_workers_settlement_leaves_its_look_to_the_watcher(
 
     with CaptureQueriesContext(connection) as queries:
         settled = settle(slot_id=running.slot_id, account_id=account.pk, queue="default",
-                         meter=stopped_meter(), look_later=watcher.look_later)
+                         meter=stopped_meter(), look_again_later=watcher.look_again_later)
 
     assert settled is not None
     assert len(queries) == 1  # the charge alone
@@ -160,7 +160,7 @@ def test_the_watcher_thread_makes_the_look_at_its_tick(account, running, held_wh
     watcher.start()
 
     settle(slot_id=running.slot_id, account_id=account.pk, queue="default",
-           meter=stopped_meter(), look_later=watcher.look_later)
+           meter=stopped_meter(), look_again_later=watcher.look_again_later)
 
     deadline = time.monotonic() + 20  # a tick is 0.2 s; bounded, not timed
     while DeferredTask.objects.filter(ref="wake/held").exists() and time.monotonic() < deadline:

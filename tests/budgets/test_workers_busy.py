@@ -9,7 +9,7 @@ import pytest
 from django.utils import timezone
 
 from budgets.admission import admit
-from budgets.handoff import pull, release_due
+from budgets.handoff import fetch_next, release_due
 from budgets.ledger.reads import BROKER_WAIT_FORGET_S
 from budgets.models import Budget, Reservation, ReservationStatus
 from scheduling.envelope import Envelope
@@ -58,12 +58,12 @@ def test_new_work_waits_in_line_while_a_job_sent_to_the_broker_waits_for_a_worke
     assert usage(account).deferrals == 2
     # Nothing is released to the broker behind "a" either ...
     assert release_due() == 0
-    assert pull(queue="default", worker="w1") is None
+    assert fetch_next(queue="default", worker="w1") is None
     # ... until the broker's jobs started: then the workers' loops take the line's work, in the
     # fair order (the other account has fewer slots in use).
     assert start(account, "a").admitted and start(account, "b").admitted
-    assert pull(queue="default", worker="w1").envelope.ref == "x"
-    assert pull(queue="default", worker="w2").envelope.ref == "c"
+    assert fetch_next(queue="default", worker="w1").envelope.ref == "x"
+    assert fetch_next(queue="default", worker="w2").envelope.ref == "c"
 
 
 def test_an_idle_workers_pulse_still_releases_held_work_while_the_broker_seems_to_wait(

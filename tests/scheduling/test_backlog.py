@@ -8,7 +8,9 @@ from django.db import connection
 from django.db.models import Count, Q
 
 from budgets.models import Account
-from scheduling import clock, holding, sql
+from budgets import clock as budget_clock
+from budgets import ledger
+from scheduling import clock, holding
 from scheduling.envelope import Envelope
 from scheduling.models import Backlog, DeferReason, DeferredTask
 
@@ -54,12 +56,10 @@ def test_the_counts_follow_every_change_of_the_holding_area(account, other_accou
     assert counted() == recounted()
     assert counted()[(account.pk, "default")]["in_line"] == 2999
 
-    with connection.cursor() as cursor:  # a claim changes no count
-        cursor.execute(sql.claim(), {"account_id": account.pk, "queue": "default", "worker": "w", "now": now,
-                                     "claim_expires_at": now + dt.timedelta(seconds=30)})
-        assert cursor.fetchone()[:2] == ("tests.noop", "a1")
-        cursor.execute(sql.complete_claim(), {"job": "tests.noop", "ref": "a1", "worker": "w"})
-        assert cursor.fetchone() is not None
+    claimed = ledger.claim_for(account_id=account.pk, queue="default", day=budget_clock.budget_day(), worker="w",
+                               yield_to_broker=False)  # a claim changes no count
+    assert (claimed.envelope.job, claimed.envelope.ref) == ("tests.noop", "a1")
+    assert DeferredTask.objects.filter(ref="a1", claimed_by="w").delete()[0] == 1  # its run started
     assert len(holding.release_first(account_id=account.pk, queue="default", limit=10)) == 10
     holding.unhold(job="tests.noop", ref="a20")
     assert counted()[(account.pk, "default")]["retry_backoff"] == 1  # "later" waits for its own time
@@ -79,7 +79,7 @@ def test_the_counts_follow_every_change_of_the_holding_area(account, other_accou
 def test_a_held_up_line_goes_at_the_first_tick_after_its_time(account, other_account):
     """`block` holds a line up until a time; "could it go now" asks no time (so that its prepared
     statements' generic plans read only the lines that could go): the pulse's tick after that time
-    lets it go (`let_go_due`), and an operator's `unblock` at once. Lines whose time has not come
+    lets it go (`unblock_due`), and an operator's `unblock` at once. Lines whose time has not come
     stay held up."""
     now = clock.now()
     for who in (account, other_account):
@@ -93,12 +93,12 @@ def test_a_held_up_line_goes_at_the_first_tick_after_its_time(account, other_acc
 
     def any_ready() -> bool:
         with connection.cursor() as cursor:
-            cursor.execute("SELECT " + sql.any_ready(), {"queue": "default"})
+            cursor.execute("SELECT waiting FROM fairshare_any_ready(%(queue)s)", {"queue": "default"})
             return cursor.fetchone()[0]
 
     assert ready() == set() and not any_ready()
-    assert holding.let_go_due(now) == 0  # neither time has come
-    assert holding.let_go_due(now + dt.timedelta(seconds=2)) == 1
+    assert holding.unblock_due(now) == 0  # neither time has come
+    assert holding.unblock_due(now + dt.timedelta(seconds=2)) == 1
     assert ready() == {account.pk} and any_ready()
     assert holding.unblock(account_id=other_account.pk, queue="default") == 1
     assert ready() == {account.pk, other_account.pk}

@@ -18,9 +18,9 @@ from django.test.utils import CaptureQueriesContext
 from budgets import clock as budget_clock
 from budgets import ledger
 from budgets.ledger import PassOn
-from budgets.ledger import statements as s
+from budgets.ledger.reads import QUERIES
 from budgets.models import Account, Budget, Reservation, ReservationStatus, UsageDay
-from scheduling import clock, db, holding, sql
+from scheduling import clock, db, holding
 from scheduling.envelope import Envelope
 from scheduling.metering import Meter
 from scheduling.models import Backlog, DeferReason, DeferredTask, Outcome, TaskRun
@@ -36,11 +36,13 @@ TIMED = 1_000  # retries waiting for their back-off, spread over accounts
 
 
 def rows_read(statement: str, params, tables=HELD_TABLES) -> dict[str, int]:
-    """Rows the statement reads from each of `tables` (the holding area's: EXPLAIN ANALYZE)."""
+    """Rows the statement reads from each of `tables` (the holding area's: EXPLAIN ANALYZE). Its
+    plan calls none of the rules' SQL functions (fairshare_*): PostgreSQL inlined each."""
     with connection.cursor() as cursor:
-        cursor.execute("EXPLAIN (ANALYZE, FORMAT JSON) " + statement, params)
+        cursor.execute("EXPLAIN (ANALYZE, VERBOSE, FORMAT JSON) " + statement, params)
         plan = cursor.fetchone()[0]
     plan = (json.loads(plan) if isinstance(plan, str) else plan)[0]["Plan"]
+    assert "fairshare_" not in json.dumps(plan), plan
     read = dict.fromkeys(tables, 0)
 
     def walk(node) -> None:
@@ -136,8 +138,10 @@ def test_each_question_about_held_work_reads_a_bounded_number_of_rows(holding_ar
     UsageDay.objects.create(account=light, queue="default", day=budget_clock.budget_day())
     # The capped account's slot counts as a message waiting for a worker, its job probed by key.
     broker = {"queue": "default", "broker_since": now + dt.timedelta(minutes=1), "broker_forgets": now - dt.timedelta(minutes=1)}
-    claim = {"account_id": capped.pk, "queue": "default", "worker": "w", "now": now,
-             "claim_expires_at": now + dt.timedelta(seconds=30)}
+    claim = {**broker, "account_id": capped.pk, "queue": "default", "day": budget_clock.budget_day(), "worker": "w",
+             "now": now, "claim_expires_at": now + dt.timedelta(seconds=30), "yield_to_broker": False,
+             "slot_lease": now, "created_at": now, "admit": False, "usage_id": 0, "reserve_ms": 0,
+             "run_started_at": now}
     # The line's first three jobs were claimed by a worker that died: their claims expired, their
     # slots still stand (the reclaim has not given them back), so a claim may not take them over.
     dead = list(DeferredTask.objects.filter(account=capped).order_by(*holding.LINE_ORDER)[:3])
@@ -150,33 +154,34 @@ def test_each_question_about_held_work_reads_a_bounded_number_of_rows(holding_ar
     checks = {
         # A claim of the first job of a 9,000-long line (budgets', as every ledger statement sends
         # it): past the three whose claimant's slot stands (one probe of its slot each), its next row.
-        "claim": (s.claim(), claim),
+        "claim": (QUERIES["claim"], claim),
         # A job admitted ahead starts: its claim completes, its slot locked (rows by key).
-        "start": (s.START_ADMITTED, {"slot_id": started.pk, "job": dead[0].job, "ref": dead[0].ref,
+        "start": (QUERIES["start_admitted"], {"slot_id": started.pk, "job": dead[0].job, "ref": dead[0].ref,
                                      "worker": "dead:1"}),
         # "Which accounts could run now" (a pull's choice, the pulse's release): the light ones.
-        "pull's choice": (s.READY_ACCOUNTS, {"queue": "default", "now": now, "limit": 4}),
+        "pull's choice": (QUERIES["ready_accounts"], {"queue": "default", "now": now, "limit": 4}),
         # "Could any account of the queue go now" (read with every settlement).
-        "settlement's question": ("SELECT " + sql.any_ready(), {"queue": "default", "now": now}),
+        "settlement's question": ("SELECT waiting FROM fairshare_any_ready(%(queue)s)", {"queue": "default", "now": now}),
         # "Could another account take a free worker" (read with every settlement: its slot then goes
         # by the fair order).
-        "settlement's other question": ("SELECT " + s.others_ready(),
+        "settlement's other question": ("SELECT others_waiting FROM fairshare_others_ready(%(account_id)s, %(queue)s)",
                                         {"queue": "default", "now": now, "account_id": capped.pk}),
         # An account's standing (every admission under the lock, every hand-off and release).
-        "standing": (s.STANDING, {"account_id": capped.pk, "queue": "default", "day": budget_clock.budget_day(),
+        "standing": (QUERIES["standing"], {"account_id": capped.pk, "queue": "default", "day": budget_clock.budget_day(),
                                   "job": "", "ref": "", "claimant": None, "now": now, "wall_now": now}),
         # "Is a job sent to the broker waiting for a worker" (every enqueue, pass-on and release).
-        "broker's question": (s.BROKER_WAITING, broker),
+        "broker's question": (QUERIES["broker_waiting"], broker),
         # The enqueue check's common case for an account with a free slot and a job in line: the
         # new job joins the line behind it, while a job waits in the broker.
-        "enqueue check": (s.DISPATCH_OR_HOLD, {**broker, "account_id": light.pk, "day": budget_clock.budget_day(),
+        "enqueue check": (QUERIES["dispatch_or_hold"], {**broker, "account_id": light.pk, "day": budget_clock.budget_day(),
                                                "job": "tests.noop", "ref": "new", "priority": 0, "lease": now,
                                                "created_at": now, "now": now}),
     }
     for name, (statement, params) in checks.items():
         # A claim reads the claimed rows ahead in its line too, and probes the slot of each expired
-        # one (counted here): bounded by the claims in flight (workers), not by the held jobs.
-        tables, most = ((*HELD_TABLES, Reservation._meta.db_table), 15) if name == "claim" else (HELD_TABLES, 10)
+        # one (counted here), and the slot it inserts: bounded by the claims in flight (workers), not
+        # by the held jobs.
+        tables, most = ((*HELD_TABLES, Reservation._meta.db_table), 17) if name == "claim" else (HELD_TABLES, 10)
         for plan, read in (("custom", rows_read(statement, params, tables)),
                            ("generic", generic_rows_read(statement, params, tables))):
             assert sum(read.values()) <= most, (name, plan, read)
@@ -190,8 +195,8 @@ def test_each_question_about_held_work_reads_a_bounded_number_of_rows(holding_ar
     assert sum(orm_rows_read(lambda: list(due.order_by("account_id", "queue", "eligible_at")[:1000])).values()) == 0
     # The pulse's let-go: 9,997 lines held up until tomorrow, none due; when the first one's time
     # comes (when the pulse ticks next), the first entry.
-    assert sum(orm_rows_read(lambda: holding.let_go_due(now)).values()) == 0
-    assert sum(orm_rows_read(holding.next_let_go).values()) == 1
+    assert sum(orm_rows_read(lambda: holding.unblock_due(now)).values()) == 0
+    assert sum(orm_rows_read(holding.next_unblock).values()) == 1
 
 
 def test_the_orm_questions_read_a_bounded_number_of_rows_too(holding_area):
@@ -201,7 +206,7 @@ def test_the_orm_questions_read_a_bounded_number_of_rows_too(holding_area):
     checks = {
         "in line": lambda: holding.in_line(account_id=capped.pk, queue="default"),
         "release": lambda: holding.release_first(account_id=light.pk, queue="default", limit=1,
-                                                 let_go=ledger.let_go()),
+                                                 may_take_over=ledger.may_take_over()),
     }
     for name, run in checks.items():
         read = orm_rows_read(run)
@@ -223,7 +228,7 @@ def test_a_rate_limits_window_reads_no_more_than_its_limit_of_history():
         cursor.execute(f"ANALYZE {TaskRun._meta.db_table}")
     params = {"account_id": account.pk, "queue": "default", "day": budget_clock.budget_day(), "job": "", "ref": "",
               "claimant": None, "now": now, "wall_now": now}
-    read = rows_read(s.STANDING, params, tables=(TaskRun._meta.db_table,))
+    read = rows_read(QUERIES["standing"], params, tables=(TaskRun._meta.db_table,))
     assert read[TaskRun._meta.db_table] <= 2 * 50 + 4, read  # the count's 50 and the oldest-in-window's 50
     state = ledger.standing(account_id=account.pk, queue="default", day=budget_clock.budget_day())
     assert state.rate_full and state.recent_starts == 50 and state.rate_frees_at is not None
@@ -247,7 +252,7 @@ def test_a_settlement_that_passes_its_slot_on_carrying_its_charge_reads_a_bounde
     reads, send = {}, db.fetch_one_named
 
     def explain_then_send(statement: str, params: dict):
-        if statement.startswith("WITH r AS (DELETE"):  # the settlement's, ahead of sending it
+        if statement is QUERIES["settle"]:  # the settlement's, ahead of sending it
             for plan, read_rows in (("custom", rows_read), ("generic", generic_rows_read)):
                 with transaction.atomic():  # EXPLAIN ANALYZE runs it: undone
                     reads[plan] = read_rows(statement, params, tables)

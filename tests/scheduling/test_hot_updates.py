@@ -9,9 +9,8 @@ import re
 import pytest
 from django.db import connection
 
-from budgets.ledger import settling
+from budgets.ledger.reads import QUERIES
 from budgets.models import UsageDay
-from scheduling import sql
 from scheduling.metering import Meter
 from scheduling.models import Backlog, DeferReason, DeferredTask, Outcome, TaskRun
 from scheduling.services import RunEnd
@@ -47,10 +46,10 @@ def test_the_updates_on_a_jobs_path_change_no_indexed_column():
     end = RunEnd(meter=Meter(), outcome=Outcome.SUCCEEDED, items=1)
     updated = {
         TaskRun._meta.db_table: set(end.values()),  # the run's end (the settlement's statement)
-        DeferredTask._meta.db_table: set_columns(sql.claim()),  # the claim of the job a slot goes to
+        DeferredTask._meta.db_table: set_columns(QUERIES["claim"]),  # the claim of the job a slot goes to
         # The triggers' counts, for every job held or let go (scheduling.triggers).
         Backlog._meta.db_table: {"held", "in_line", *DeferReason.values},
-        UsageDay._meta.db_table: set_columns(settling._charge_sql()),  # the settlement's charge
+        UsageDay._meta.db_table: set_columns(QUERIES["settle"][QUERIES["settle"].index("UPDATE budgets_usageday"):]),  # the settlement's charge
     }
     assert {"outcome", "finished_at"} <= updated[TaskRun._meta.db_table]
     assert updated[DeferredTask._meta.db_table] == {"claimed_by", "claim_expires_at"}

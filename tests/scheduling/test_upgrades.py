@@ -1,14 +1,15 @@
 """Rolling upgrades: a message of an envelope version newer than the worker speaks is parked in the
 holding area ("needs a newer worker"), never rejected or dropped, and runs once a worker that
 speaks it is up. Producers send FAIRSHARE["ENVELOPE_VERSION"]."""
-import datetime as dt
 
 import pytest
-from django.db import connection, transaction
+from django.db import transaction
 from django_q.tasks import async_task
 
 from budgets.models import Role
-from scheduling import clock, holding, sql
+from budgets import clock as budget_clock
+from budgets import ledger
+from scheduling import holding
 from scheduling.actions import release_held
 from scheduling.envelope import VERSION
 from scheduling.models import DeferReason, DeferredTask, Outcome, TaskRun
@@ -170,9 +171,6 @@ def test_a_parked_message_is_never_claimed_to_run_in_place_only_sent_back(accoun
     speaks(settings, NEWER)
 
     with transaction.atomic():
-        with connection.cursor() as cursor:
-            now = clock.now()
-            cursor.execute(sql.claim(), {"account_id": account.pk, "queue": "default", "worker": "w:1", "now": now,
-                                         "claim_expires_at": now + dt.timedelta(seconds=30)})
-            assert cursor.fetchone() is None
+        assert ledger.claim_for(account_id=account.pk, queue="default", day=budget_clock.budget_day(), worker="w:1",
+                                yield_to_broker=False) is None
     assert DeferredTask.objects.get().claimed_by == ""

@@ -1,0 +1,397 @@
+-- The ledger's statements, one a transition of a slot (the map: budgets/ledger/__init__.py), loaded
+-- once by scheduling.db.load_queries, sent prepared. Shared rules are SQL functions (fairshare_*:
+-- migrations scheduling 0023, budgets 0012) that PostgreSQL inlines. `now` is the kernel's clock
+-- (scheduling.clock); slots' times (created_at, leases) and `wall_now` are the wall clock's. Above
+-- each: what it reads as held jobs, accounts and history grow (EXPLAINed on 100,000 held jobs and
+-- 10,000 accounts: tests/scheduling/test_held_work_cost.py).
+
+-- name: lock
+-- The account's lock (budgets.locks): a write that changes nothing, so that the row gets a new
+-- version (xmin) each time it is locked, which admit_at_once checks. One row by its unique key.
+UPDATE budgets_budget SET max_concurrent = max_concurrent
+ WHERE account_id = %(account_id)s AND queue = %(queue)s
+RETURNING 1 AS locked;
+
+-- name: standing
+-- The account's standing (budgets.standing.Standing): its Budget and day's usage row by unique key,
+-- its slots (index reservation_slots: bounded by its cap), the job's own dispatched slot by (job,
+-- ref), its Backlog row, the pauses, its claim by (job, ref), and for a rate-limited account its
+-- window: twice at most rate_starts TaskRun index entries.
+SELECT b.cpu_seconds_per_day::bigint * 1000 AS cpu_limit_ms, b.max_concurrent, u.id AS usage_id,
+       COALESCE(u.cpu_used_ms, 0) AS cpu_used_ms, COALESCE(u.cpu_reserved_ms, 0) AS cpu_reserved_ms,
+       CASE WHEN o.id IS NULL THEN (SELECT taken FROM fairshare_taken(b.account_id, b.queue)) END AS in_flight,
+       (SELECT running FROM fairshare_running(b.account_id, b.queue, NULL)) AS active,
+       (SELECT in_line FROM fairshare_in_line(b.account_id, b.queue)) AS in_line,
+       COALESCE((SELECT k.blocked_until > %(now)s FROM scheduling_backlog k
+                  WHERE k.account_id = b.account_id AND k.queue = b.queue), FALSE) AS blocked,
+       o.id AS own_slot, EXISTS (SELECT 1 FROM fairshare_pauses(b.account_id, b.queue)) AS paused,
+       EXISTS (SELECT 1 FROM scheduling_deferredtask c
+                WHERE c.job = %(job)s AND c.ref = %(ref)s AND c.claimed_by = %(claimant)s::varchar) AS claimed,
+       b.weight, b.rate_starts, b.rate_period_s,
+       CASE WHEN b.rate_starts IS NOT NULL THEN (
+         SELECT COUNT(*) FROM fairshare_window(b.account_id, b.queue, b.rate_starts, b.rate_period_s, %(wall_now)s))
+       ELSE 0 END AS recent_starts,
+       CASE WHEN b.rate_starts IS NOT NULL THEN (
+         SELECT MIN(w.started_at) + make_interval(secs => b.rate_period_s)
+           FROM fairshare_window(b.account_id, b.queue, b.rate_starts, b.rate_period_s, %(wall_now)s) w
+         HAVING COUNT(*) >= b.rate_starts) END AS rate_frees_at
+  FROM budgets_budget b
+  LEFT JOIN budgets_usageday u ON u.account_id = b.account_id AND u.queue = b.queue AND u.day = %(day)s
+  LEFT JOIN LATERAL (SELECT MIN(j.id) AS id FROM fairshare_job_slots(b.account_id, b.queue, %(job)s, %(ref)s) j
+                      WHERE j.status = 'dispatched') o ON TRUE
+ WHERE b.account_id = %(account_id)s AND b.queue = %(queue)s;
+
+-- name: dispatch_or_hold
+-- The enqueue check's common case, no lock: the account has budget left today, a free slot on the
+-- queue, no slot of the job's own and no rate limit (a rate-limited account's starts are decided
+-- under the lock) (`a`). Then the job takes a dispatched slot (`d`) when nothing is in the
+-- account's line and no job sent to the broker on the queue waits for a worker; otherwise it joins
+-- the line (`h`): behind the account's held work, or, every worker being busy, to be taken by a
+-- busy worker's loop in the fair order instead of waiting in the broker's first-in-first-out; its
+-- deferral counted on the day's usage row (`c`; without that row yet, the lock decides). Returns
+-- the slot's id (NULL: held), no row when the lock must decide. Reads the account's Budget, usage
+-- row, slots and Backlog row, and the queue's dispatched slots sent in the broker window.
+WITH a AS (
+  SELECT b.account_id, u.id AS usage_id, (SELECT in_line FROM fairshare_in_line(b.account_id, b.queue)) AS in_line,
+         (SELECT waiting FROM fairshare_broker_waiting(%(queue)s, %(broker_since)s, %(broker_forgets)s)) AS busy
+    FROM budgets_budget b
+    LEFT JOIN budgets_usageday u ON u.account_id = b.account_id AND u.queue = b.queue AND u.day = %(day)s
+   WHERE b.account_id = %(account_id)s AND b.queue = %(queue)s AND b.rate_starts IS NULL
+     AND fairshare_unreserved(b.cpu_seconds_per_day, u.cpu_used_ms, u.cpu_reserved_ms) > 0
+     AND b.max_concurrent > (SELECT taken FROM fairshare_taken(b.account_id, b.queue))
+     AND NOT EXISTS (SELECT 1 FROM fairshare_job_slots(b.account_id, b.queue, %(job)s, %(ref)s) j
+                      WHERE j.status = 'dispatched')),
+d AS (
+  INSERT INTO budgets_reservation (account_id, queue, day, job, ref, status, lease_expires_at, created_at, worker,
+                                   cpu_reserved_ms, cpu_reported_ms, cpu_charged_ms, task_run_id)
+  SELECT a.account_id, %(queue)s, %(day)s, %(job)s, %(ref)s, 'dispatched', %(lease)s, %(created_at)s, '', 0, 0, 0, NULL
+    FROM a WHERE NOT a.in_line AND NOT a.busy
+  RETURNING id),
+w AS (SELECT a.in_line FROM a WHERE (a.in_line OR a.busy) AND a.usage_id IS NOT NULL),
+h AS (
+  INSERT INTO scheduling_deferredtask (account_id, queue, job, ref, reason, eligible_at, created_at, in_line_since,
+                                       deferrals, priority, claimed_by, claim_expires_at, envelope_version, message)
+  SELECT %(account_id)s, %(queue)s, %(job)s, %(ref)s,
+         CASE WHEN w.in_line THEN 'queued_behind' ELSE 'workers_busy' END, %(now)s, %(created_at)s, %(now)s, 1,
+         %(priority)s, '', NULL, 1, NULL
+    FROM w
+  ON CONFLICT (job, ref) DO NOTHING RETURNING 1),
+c AS (
+  UPDATE budgets_usageday SET deferrals = deferrals + 1
+   WHERE id = (SELECT usage_id FROM a) AND EXISTS (SELECT 1 FROM h) RETURNING 1)
+SELECT (SELECT id FROM d) AS slot_id WHERE EXISTS (SELECT 1 FROM d) OR EXISTS (SELECT 1 FROM h);
+
+-- name: admit_at_once
+-- DISPATCHED (its own) -> ACTIVE without taking the lock first (a job sent with a slot of its own,
+-- its account below its cap on running jobs): it writes the account's Budget row as the lock does
+-- (`b`), but only if the row is still the version its snapshot saw: every lock holder writes that
+-- row, so a later version means one committed since (or, waited for, just did) and whatever it
+-- counted is not in this snapshot; then nothing else happens. Holding that row to its commit, it
+-- decides on counts as exact as under the lock (a rate-limited account's it leaves to the lock):
+-- the running slots (`s`: only a lock holder adds one; the lock-free settlement never adds to
+-- them), the own slot locked (`o`), and the budget by a conditional UPDATE of the day's usage row,
+-- checked on its latest version (`u`: the lock-free pass-on and reserve_if_left change it too).
+-- The run's record (`t`) and the slot made active (`k`) follow only from `u`. Reads the account's
+-- Budget, slots and usage row.
+WITH b AS (
+  UPDATE budgets_budget SET max_concurrent = max_concurrent
+   WHERE account_id = %(account_id)s AND queue = %(queue)s
+     AND xmin = (SELECT xmin FROM budgets_budget WHERE account_id = %(account_id)s AND queue = %(queue)s)
+  RETURNING account_id, queue, cpu_seconds_per_day, max_concurrent, rate_starts),
+o AS (
+  SELECT r.id FROM budgets_reservation r
+   WHERE r.id = (SELECT MIN(j.id) FROM fairshare_job_slots(%(account_id)s, %(queue)s, %(job)s, %(ref)s) j
+                  WHERE j.status = 'dispatched')
+     AND r.status = 'dispatched'
+  FOR UPDATE),
+s AS (
+  SELECT o.id AS own_id, b.cpu_seconds_per_day FROM b, o
+   WHERE (SELECT running FROM fairshare_running(b.account_id, b.queue, NULL)) < b.max_concurrent
+     AND b.rate_starts IS NULL),
+u AS (
+  UPDATE budgets_usageday AS day_usage SET cpu_reserved_ms = day_usage.cpu_reserved_ms + %(reserve_ms)s FROM s
+   WHERE day_usage.account_id = %(account_id)s AND day_usage.queue = %(queue)s AND day_usage.day = %(day)s
+     AND fairshare_unreserved(s.cpu_seconds_per_day, day_usage.cpu_used_ms, day_usage.cpu_reserved_ms) >= %(reserve_ms)s
+  RETURNING day_usage.id),
+t AS (
+  INSERT INTO scheduling_taskrun (account_id, job, queue, ref, worker, started_at, outcome, cpu_ms, wall_ms,
+                                  db_wait_ms, storage_wait_ms, items, peak_rss_kb, error_class, error_message)
+  SELECT %(run_account_id)s, %(run_job)s, %(run_queue)s, %(run_ref)s, %(run_worker)s, %(run_started_at)s,
+         'running', 0, 0, 0, 0, 0, 0, '', ''
+    FROM u RETURNING id),
+k AS (
+  UPDATE budgets_reservation SET status = 'active', day = %(day)s, worker = %(worker)s, cpu_reserved_ms = %(reserve_ms)s,
+         lease_expires_at = %(lease)s, task_run_id = (SELECT id FROM t)
+   WHERE id = (SELECT own_id FROM s) AND EXISTS (SELECT 1 FROM u)
+  RETURNING id, task_run_id)
+SELECT EXISTS (SELECT 1 FROM b) AS fresh, (SELECT id FROM k) AS slot_id, (SELECT task_run_id FROM k) AS task_run_id,
+       EXISTS (SELECT 1 FROM fairshare_pauses(%(account_id)s, %(queue)s)) AS paused;
+
+-- name: activate
+-- DISPATCHED (its own, %(own)s) or (none) -> ACTIVE, under the lock (budgets.admission.admit, which
+-- read the standing): the CPU reserved on the day's usage row (`u`), the run's record inserted
+-- (`t`, %(insert_run)s) or given (%(run_id)s), a claimed job's claim completed (`c`, %(claimed)s),
+-- its slot made ACTIVE: its own (`o`) or a new one (`n`). The clauses not asked for are one-time
+-- filters of the plan. Rows by key.
+WITH u AS (UPDATE budgets_usageday SET cpu_reserved_ms = cpu_reserved_ms + %(reserve_ms)s WHERE id = %(usage_id)s),
+t AS (
+  INSERT INTO scheduling_taskrun (account_id, job, queue, ref, worker, started_at, outcome, cpu_ms, wall_ms,
+                                  db_wait_ms, storage_wait_ms, items, peak_rss_kb, error_class, error_message)
+  SELECT %(run_account_id)s, %(run_job)s, %(run_queue)s, %(run_ref)s, %(run_worker)s, %(run_started_at)s,
+         'running', 0, 0, 0, 0, 0, 0, '', ''
+   WHERE %(insert_run)s
+  RETURNING id),
+c AS (
+  DELETE FROM scheduling_deferredtask
+   WHERE %(claimed)s AND job = %(job)s AND ref = %(ref)s AND claimed_by = %(worker)s),
+o AS (
+  UPDATE budgets_reservation SET status = 'active', day = %(day)s, worker = %(worker)s, cpu_reserved_ms = %(reserve_ms)s,
+         lease_expires_at = %(lease)s, task_run_id = COALESCE((SELECT id FROM t), %(run_id)s)
+   WHERE id = %(own)s
+  RETURNING id, task_run_id),
+n AS (
+  INSERT INTO budgets_reservation (account_id, queue, day, job, ref, status, lease_expires_at, created_at, worker,
+                                   cpu_reserved_ms, cpu_reported_ms, cpu_charged_ms, task_run_id)
+  SELECT %(account_id)s, %(queue)s, %(day)s, %(job)s, %(ref)s, 'active', %(lease)s, %(created_at)s, %(worker)s,
+         %(reserve_ms)s, 0, 0, COALESCE((SELECT id FROM t), %(run_id)s)
+   WHERE %(own)s::bigint IS NULL
+  RETURNING id, task_run_id)
+SELECT id, task_run_id FROM o UNION ALL SELECT id, task_run_id FROM n;
+
+-- name: claim
+-- (a held job) -> DISPATCHED on the claim's lease, or with %(admit)s ACTIVE on it (admitted ahead:
+-- its run recorded, `t`; %(reserve_ms)s reserved on the usage row %(usage_id)s, `u`), under the
+-- account's lock, which read the standing: the first job of the account's line claimed for the
+-- worker (`c`; SKIP LOCKED: two claimants never take the same job and neither waits for the
+-- other), unless (%(yield_to_broker)s) a job sent to the broker on the queue waits for a worker. A
+-- job whose claim expired is taken over only once its claimant let it go (no slot of it left).
+-- Reads the first unclaimed rows of the account's line (index deferred_line), for each whose claim
+-- expired one probe of its slots; yielding, the queue's slots sent in the broker window.
+WITH c AS (
+  UPDATE scheduling_deferredtask SET claimed_by = %(worker)s, claim_expires_at = %(claim_expires_at)s
+   WHERE id = (
+     SELECT d.id FROM scheduling_deferredtask d
+      WHERE d.account_id = %(account_id)s AND d.queue = %(queue)s AND d.in_line_since IS NOT NULL
+        AND (d.claim_expires_at IS NULL OR (d.claim_expires_at < %(now)s
+             AND NOT EXISTS (SELECT 1 FROM fairshare_job_slots(d.account_id, d.queue, d.job, d.ref))))
+        AND NOT (%(yield_to_broker)s
+                 AND (SELECT waiting FROM fairshare_broker_waiting(%(queue)s, %(broker_since)s, %(broker_forgets)s)))
+      ORDER BY d.priority DESC, d.in_line_since, d.id LIMIT 1 FOR UPDATE SKIP LOCKED)
+  RETURNING job, ref, priority),
+t AS (
+  INSERT INTO scheduling_taskrun (account_id, job, queue, ref, worker, started_at, outcome, cpu_ms, wall_ms,
+                                  db_wait_ms, storage_wait_ms, items, peak_rss_kb, error_class, error_message)
+  SELECT %(account_id)s, c.job, %(queue)s, c.ref, %(worker)s, %(run_started_at)s, 'running', 0, 0, 0, 0, 0, 0, '', ''
+    FROM c WHERE %(admit)s
+  RETURNING id),
+u AS (
+  UPDATE budgets_usageday SET cpu_reserved_ms = cpu_reserved_ms + %(reserve_ms)s
+   WHERE id = %(usage_id)s AND %(admit)s AND EXISTS (SELECT 1 FROM c))
+INSERT INTO budgets_reservation (account_id, queue, day, job, ref, status, lease_expires_at, created_at, worker,
+                                 cpu_reserved_ms, cpu_reported_ms, cpu_charged_ms, task_run_id)
+SELECT %(account_id)s, %(queue)s, %(day)s, c.job, c.ref, CASE WHEN %(admit)s THEN 'active' ELSE 'dispatched' END,
+       %(slot_lease)s, %(created_at)s, CASE WHEN %(admit)s THEN %(worker)s ELSE '' END,
+       CASE WHEN %(admit)s THEN %(reserve_ms)s ELSE 0 END, 0, 0, (SELECT id FROM t)
+  FROM c
+RETURNING job, ref, id, task_run_id, (SELECT priority FROM c) AS priority;
+
+-- name: start_admitted
+-- ACTIVE on a claim's lease -> ACTIVE (running): a job admitted ahead starts; its claim completes
+-- if its slot is still there, the slot's row locked (not written: its claim's lease runs until the
+-- run's watcher renews it, well before the lease ends: budgets.watcher) so that a reclaim taking it
+-- at the same moment goes first or finds it started. Two rows by key.
+WITH s AS (SELECT id FROM budgets_reservation WHERE id = %(slot_id)s AND status = 'active' FOR NO KEY UPDATE)
+DELETE FROM scheduling_deferredtask
+ WHERE job = %(job)s AND ref = %(ref)s AND claimed_by = %(worker)s AND EXISTS (SELECT 1 FROM s)
+RETURNING 1 AS started;
+
+-- name: reserve_more
+-- ACTIVE -> ACTIVE: %(ms)s more for a slot admitted ahead. Unless the lock already saw the account
+-- has it (%(checked)s), only when its account has that much left unreserved (checked on the usage
+-- row's latest version: two of these never reserve the same budget twice). Rows by key.
+WITH u AS (
+  UPDATE budgets_usageday u SET cpu_reserved_ms = u.cpu_reserved_ms + %(ms)s FROM budgets_budget b
+   WHERE u.id = %(usage_id)s AND b.account_id = u.account_id AND b.queue = u.queue
+     AND (%(checked)s OR fairshare_unreserved(b.cpu_seconds_per_day, u.cpu_used_ms, u.cpu_reserved_ms) >= %(ms)s)
+  RETURNING 1)
+UPDATE budgets_reservation SET cpu_reserved_ms = cpu_reserved_ms + %(ms)s
+ WHERE id = %(slot_id)s AND EXISTS (SELECT 1 FROM u)
+RETURNING 1 AS reserved;
+
+-- name: grow
+-- ACTIVE -> ACTIVE: a running slot reports its CPU (%(cpu_ms)s), renews its lease and reserves
+-- %(ms)s more on its day's usage row (the caller, under the lock, saw the account has it); no row
+-- when the slot is no longer ACTIVE (reclaimed while its worker was frozen, or settled). By key.
+WITH s AS (
+  UPDATE budgets_reservation SET cpu_reported_ms = %(cpu_ms)s, lease_expires_at = %(lease)s,
+         cpu_reserved_ms = cpu_reserved_ms + %(ms)s
+   WHERE id = %(slot_id)s AND status = 'active' RETURNING id),
+u AS (
+  UPDATE budgets_usageday SET cpu_reserved_ms = cpu_reserved_ms + %(ms)s
+   WHERE id = %(usage_id)s AND %(ms)s > 0 AND EXISTS (SELECT 1 FROM s))
+SELECT id AS grown FROM s;
+
+-- name: unadmit
+-- ACTIVE on a claim's lease -> (none): an admission whose run never started is undone (with
+-- %(expired_before)s, only if its lease is still expired then): its CPU unreserved, nothing charged
+-- or counted but what the slot carried of the runs it was passed on from (their CPU moves from
+-- reserved to used). Returns its run's id; no row when nothing was undone. Rows by key.
+WITH r AS (
+  DELETE FROM budgets_reservation
+   WHERE id = %(slot_id)s AND status = 'active'
+     AND (%(expired_before)s::timestamptz IS NULL OR lease_expires_at < %(expired_before)s)
+  RETURNING *),
+c AS (
+  UPDATE budgets_usageday u
+     SET cpu_used_ms = u.cpu_used_ms + r.carried_cpu_ms,
+         cpu_reserved_ms = u.cpu_reserved_ms - r.cpu_reserved_ms - r.carried_cpu_ms, runs = u.runs + r.carried_runs,
+         wall_ms = u.wall_ms + r.carried_wall_ms, db_wait_ms = u.db_wait_ms + r.carried_db_wait_ms,
+         storage_wait_ms = u.storage_wait_ms + r.carried_storage_wait_ms
+    FROM r WHERE u.account_id = r.account_id AND u.queue = r.queue AND u.day = r.day)
+SELECT task_run_id FROM r;
+
+-- name: reclaim
+-- ACTIVE -> RECLAIMED: a run whose lease expired (its worker died, or froze) is charged
+-- %(charge_ms)s (what it reported), counted, and its reservation given back, with what the slot
+-- carried of the runs it was passed on from; the slot keeps what was charged (its settlement, if
+-- the run turns out alive, charges only the rest) and carries nothing more. Under the lock, the
+-- slot's row locked by the caller. Rows by key.
+WITH r AS (
+  UPDATE budgets_reservation n
+     SET status = 'reclaimed', cpu_charged_ms = %(charge_ms)s, carried_runs = 0, carried_cpu_ms = 0,
+         carried_wall_ms = 0, carried_db_wait_ms = 0, carried_storage_wait_ms = 0, carried_since = NULL
+    FROM budgets_reservation o
+   WHERE n.id = %(slot_id)s AND o.id = n.id
+  RETURNING o.*)
+UPDATE budgets_usageday u
+   SET cpu_used_ms = u.cpu_used_ms + %(charge_ms)s + r.carried_cpu_ms,
+       cpu_reserved_ms = u.cpu_reserved_ms - r.cpu_reserved_ms - r.carried_cpu_ms,
+       runs = u.runs + 1 + r.carried_runs, wall_ms = u.wall_ms + r.carried_wall_ms,
+       db_wait_ms = u.db_wait_ms + r.carried_db_wait_ms, storage_wait_ms = u.storage_wait_ms + r.carried_storage_wait_ms
+  FROM r WHERE u.account_id = r.account_id AND u.queue = r.queue AND u.day = r.day
+RETURNING 1 AS charged;
+
+-- name: revive
+-- RECLAIMED -> ACTIVE: the run of a slot reclaimed while its worker was frozen woke up, and its
+-- account has a free slot (the caller, under the lock, saw it): the slot is its again with
+-- %(reserve_ms)s reserved, the run no longer counted twice (the reclaim counted it, its
+-- settlement will) nor marked lost. What the reclaim charged stays charged. Returns that; no row
+-- when the slot is not reclaimed (it settled, or its row went). Rows by key.
+WITH s AS (
+  UPDATE budgets_reservation SET status = 'active', cpu_reserved_ms = %(reserve_ms)s, lease_expires_at = %(lease)s
+   WHERE id = %(slot_id)s AND status = 'reclaimed'
+  RETURNING account_id, queue, day, task_run_id, cpu_charged_ms),
+u AS (
+  UPDATE budgets_usageday u SET runs = u.runs - 1, cpu_reserved_ms = u.cpu_reserved_ms + %(reserve_ms)s
+    FROM s WHERE u.account_id = s.account_id AND u.queue = s.queue AND u.day = s.day),
+t AS (
+  UPDATE scheduling_taskrun t SET outcome = 'running', finished_at = NULL, error_class = '', error_message = ''
+    FROM s WHERE t.id = s.task_run_id AND t.outcome = 'lost')
+SELECT cpu_charged_ms FROM s;
+
+-- name: broker_waiting
+-- Whether a job sent to the broker on the queue waits for a worker (asked by every hand-off,
+-- release and pull): the queue's dispatched slots sent in the broker window (index reservation_age).
+SELECT waiting FROM fairshare_broker_waiting(%(queue)s, %(broker_since)s, %(broker_forgets)s);
+
+-- name: ready_accounts
+-- Accounts whose line on the queue could go now and that have a free slot, in fair order: fewest
+-- slots in use for their weight first, then the one whose first held job has waited longest in
+-- line. Reads the Backlog of the accounts whose line could go now (index backlog_ready), their
+-- Budget, slots and first held job: O(accounts that could run), whatever is held. An account whose
+-- Budget row on the queue is not made yet (a brand-new account's work held for a time: the row is
+-- made under its lock, which the release takes) counts as one free slot of weight 1 until then.
+SELECT c.account_id, c.taken::float / c.weight AS share FROM (
+  SELECT k.account_id, k.head_since, COALESCE(b.max_concurrent, 1) AS max_concurrent,
+         COALESCE(b.weight, 1) AS weight, s.taken
+    FROM fairshare_ready_accounts(%(queue)s) k
+    LEFT JOIN budgets_budget b ON b.account_id = k.account_id AND b.queue = %(queue)s
+   CROSS JOIN LATERAL fairshare_taken(k.account_id, %(queue)s) s) c
+ WHERE c.taken < c.max_concurrent
+ ORDER BY c.taken::float / c.weight, c.head_since
+ LIMIT %(limit)s;
+
+-- name: settle
+-- ACTIVE (or DISPATCHED, RECLAIMED) -> (none), no lock (it only frees): the slot deleted (`r`,
+-- exactly once: no row, nothing charged), its figures charged to its day (`c`: its CPU less what a
+-- reclaim charged, its reservation given back, its waits, the run counted if it ran, what the slot
+-- carried), its run's end recorded (`t`). With %(pass_on)s the slot passes on, in the same
+-- statement, to the first job of the account's line (`h`, claimed as `claim` does) when the run is
+-- of today, reserved from the day, left at least half a step, and fairshare_may_pass_on lets it:
+-- its slot inserted ACTIVE (`n`) with what the run left of its reservation (at most a step), its
+-- run recorded (`s`); `c` gives back only the rest. Carried charges (`k`): a pass-on whose run
+-- gives nothing back and hit no cap charges nothing; the new slot carries the run's figures on,
+-- with what the old one carried, for at most CHARGE_CARRY_S from the first; their CPU stays
+-- reserved until the slot's end charges it, so used + reserved CPU (and a cap) stay exact, and the
+-- pass-on writes no row its account's other workers write too. Slots taken and running, and used +
+-- reserved CPU, never grow. What the settling worker asks next (its line, any line, another
+-- account's turn) is read only when the slot was not passed on (AND stops at its first false).
+-- Reads the slot and usage row by key, Backlog (by key; index backlog_ready); passing on, the
+-- first unclaimed rows of the line (index deferred_line) and the queue's slots in the broker window.
+WITH r AS (
+  DELETE FROM budgets_reservation WHERE id = %(slot_id)s
+  RETURNING *, (status = 'active')::int AS ran, cpu_reserved_ms - %(cpu_ms)s AS left_ms),
+h AS (
+  UPDATE scheduling_deferredtask SET claimed_by = %(worker)s, claim_expires_at = %(claim_expires_at)s
+   WHERE id = (
+     SELECT d.id FROM scheduling_deferredtask d
+      WHERE d.account_id = %(account_id)s AND d.queue = %(queue)s AND d.in_line_since IS NOT NULL
+        AND (d.claim_expires_at IS NULL OR (d.claim_expires_at < %(now)s
+             AND NOT EXISTS (SELECT 1 FROM fairshare_job_slots(d.account_id, d.queue, d.job, d.ref))))
+        AND %(pass_on)s
+        AND EXISTS (SELECT 1 FROM r WHERE r.ran = 1 AND r.day = %(today)s AND r.cpu_charged_ms = 0
+                       AND r.left_ms >= %(keep_at_least)s
+                       AND (SELECT may FROM fairshare_may_pass_on(%(account_id)s, %(queue)s, r.id, %(broker_since)s,
+                                                                  %(broker_forgets)s)))
+      ORDER BY d.priority DESC, d.in_line_since, d.id LIMIT 1 FOR UPDATE SKIP LOCKED)
+  RETURNING job, ref, priority),
+k AS (
+  SELECT (p.passed AND %(carry)s AND %(cap_hits)s = 0 AND r.left_ms <= %(step_ms)s
+          AND COALESCE(r.carried_since, %(created_at)s) > %(carry_since)s)::int AS carry, p.passed::int AS passed
+    FROM r, (SELECT EXISTS (SELECT 1 FROM h) AS passed) p),
+c AS (
+  UPDATE budgets_usageday AS u
+     SET cpu_used_ms = u.cpu_used_ms + GREATEST(%(cpu_ms)s - r.cpu_charged_ms, 0) + r.carried_cpu_ms,
+         cpu_reserved_ms = u.cpu_reserved_ms - r.ran * r.cpu_reserved_ms - r.carried_cpu_ms
+                           + k.passed * LEAST(r.left_ms, %(step_ms)s),
+         runs = u.runs + r.ran + r.carried_runs,
+         wall_ms = u.wall_ms + %(wall_ms)s + r.carried_wall_ms,
+         db_wait_ms = u.db_wait_ms + %(db_wait_ms)s + r.carried_db_wait_ms,
+         storage_wait_ms = u.storage_wait_ms + %(storage_wait_ms)s + r.carried_storage_wait_ms,
+         cap_hits = u.cap_hits + %(cap_hits)s
+    FROM r, k WHERE k.carry = 0 AND u.account_id = %(account_id)s AND u.queue = %(queue)s AND u.day = r.day
+  RETURNING u.id),
+t AS (
+  UPDATE scheduling_taskrun
+     SET finished_at = %(finished_at)s, cpu_ms = %(cpu_ms)s, wall_ms = %(wall_ms)s, db_wait_ms = %(db_wait_ms)s,
+         storage_wait_ms = %(storage_wait_ms)s, peak_rss_kb = %(peak_rss_kb)s,
+         outcome = COALESCE(%(outcome)s, outcome), items = COALESCE(%(items)s, items),
+         error_class = COALESCE(%(error_class)s, error_class), error_message = COALESCE(%(error_message)s, error_message)
+   WHERE id = (SELECT task_run_id FROM r)),
+s AS (
+  INSERT INTO scheduling_taskrun (account_id, job, queue, ref, worker, started_at, outcome, cpu_ms, wall_ms,
+                                  db_wait_ms, storage_wait_ms, items, peak_rss_kb, error_class, error_message)
+  SELECT %(account_id)s, h.job, %(queue)s, h.ref, %(worker)s, %(run_started_at)s, 'running', 0, 0, 0, 0, 0, 0, '', ''
+    FROM h RETURNING id),
+n AS (
+  INSERT INTO budgets_reservation (account_id, queue, day, job, ref, status, lease_expires_at, created_at, worker,
+                                   cpu_reserved_ms, cpu_reported_ms, cpu_charged_ms, task_run_id, carried_runs,
+                                   carried_cpu_ms, carried_wall_ms, carried_db_wait_ms, carried_storage_wait_ms,
+                                   carried_since)
+  SELECT %(account_id)s, %(queue)s, r.day, h.job, h.ref, 'active', %(slot_lease)s, %(created_at)s, %(worker)s,
+         LEAST(r.left_ms, %(step_ms)s), 0, 0, (SELECT id FROM s),
+         k.carry * (r.carried_runs + 1), k.carry * (r.carried_cpu_ms + %(cpu_ms)s),
+         k.carry * (r.carried_wall_ms + %(wall_ms)s), k.carry * (r.carried_db_wait_ms + %(db_wait_ms)s),
+         k.carry * (r.carried_storage_wait_ms + %(storage_wait_ms)s),
+         CASE WHEN k.carry = 1 THEN COALESCE(r.carried_since, %(created_at)s) END
+    FROM h, r, k
+  RETURNING job AS passed_job, ref AS passed_ref, id AS passed_slot_id, task_run_id AS passed_run_id,
+            cpu_reserved_ms AS passed_reserved_ms)
+SELECT r.task_run_id, r.status, n.*, (SELECT priority FROM h) AS passed_priority,
+       n IS NULL AND (SELECT in_line FROM fairshare_in_line(%(account_id)s, %(queue)s)) AS in_line,
+       n IS NULL AND (SELECT waiting FROM fairshare_any_ready(%(queue)s)) AS waiting,
+       n IS NULL AND (SELECT others_waiting FROM fairshare_others_ready(%(account_id)s, %(queue)s)) AS others_waiting,
+       COALESCE((SELECT id FROM c), (SELECT x.id FROM budgets_usageday x
+                                      WHERE x.account_id = %(account_id)s AND x.queue = %(queue)s AND x.day = r.day))
+         AS usage_id
+  FROM r LEFT JOIN n ON TRUE;
