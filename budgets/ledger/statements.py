@@ -112,7 +112,8 @@ SLOT_COLUMNS = ("account_id, queue, day, job, ref, status, lease_expires_at, cre
 # The enqueue check's common case, no lock: the account has budget left today, a free slot on the
 # queue, no slot of the job's own and no rate limit (a rate-limited account's starts are decided
 # under the lock: budgets.standing) (`a`). Then the job takes a dispatched slot (`d`) when nothing is
-# in the account's line and no job sent to the broker on the queue waits for a worker; otherwise it
+# in the account's line, a worker is free to start it (%(workers_free)s: budgets.ledger.idle_workers)
+# and no job sent to the broker on the queue waits for a worker; otherwise it
 # joins the line (`h`): behind the account's held work, or, every worker being busy, to be taken by
 # a busy worker's loop in the fair order instead of waiting in the broker's first-in-first-out; its
 # deferral counted on the day's usage row (`c`; without that row yet, the lock decides). Returns
@@ -121,7 +122,7 @@ SLOT_COLUMNS = ("account_id, queue, day, job, ref, status, lease_expires_at, cre
 DISPATCH_OR_HOLD = f"""
 WITH a AS (
   SELECT b.account_id, u.id AS usage_id, {sql.in_line(account='b.account_id', queue='b.queue')} AS in_line,
-         {broker_waiting()} AS busy
+         (NOT %(workers_free)s OR {broker_waiting()}) AS busy
     FROM {B} b LEFT JOIN {U} u ON u.account_id = b.account_id AND u.queue = b.queue AND u.day = %(day)s
    WHERE b.account_id = %(account_id)s AND b.queue = %(queue)s AND b.rate_starts IS NULL
      AND {unreserved(limit_s='b.cpu_seconds_per_day', usage='u')} > 0
