@@ -1,4 +1,5 @@
-"""Is each queue doing its work? Read by /healthz and /metrics.
+"""Is each queue doing its work? Read by /healthz and /metrics; how many workers run on a queue
+(`running_workers`) also by the enqueue check, which sends no more than they could start.
 
 A worker's heartbeat is written by its pulse thread, which keeps running while the worker's main
 thread waits for work its pool no longer hands out (a killed worker does not do that any more,
