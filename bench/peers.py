@@ -4,6 +4,8 @@
     .venv/bin/python bench/peers.py            # 2,000 jobs per system, 3 rounds (~10 min, first run + installs)
     .venv/bin/python bench/peers.py --quick    # 300 jobs per system, 2 rounds
     .venv/bin/python bench/peers.py --systems procrastinate,fairshare-chain --jobs 1000
+    .venv/bin/python bench/peers.py --systems procrastinate,fairshare-chain,fairshare-many,fairshare-many-wide,\
+        fairshare-tasks,fairshare-chain-redis --jobs 1000 --rounds 1 --db-prefix peers_mine   # every path
 
 Systems, each with two workers:
 
@@ -17,6 +19,11 @@ Systems, each with two workers:
   completed, nothing else: budget_overhead's recorded path);
 - fairshare-chain: Fairshare's full chain, `scheduling.runtime.enqueue(job="scheduling.noop")` for
   budget_overhead's account (budget and cap never bind): a metered TaskRun, a slot, a charge;
+- fairshare-many, fairshare-many-wide: the same jobs sent with one `enqueue_many` (the call made for
+  floods), for an account whose cap is the number of workers (2), and for budget_overhead's, whose cap
+  is far above them;
+- fairshare-tasks: the same through the Tasks API, `bench.tasks_noop.noop.enqueue(account=)` for
+  budget_overhead's account (a stored call, claimed and completed, around the chain's run);
 - fairshare-tenants: the same, the jobs alternating between two such accounts (not a goal: both
   workers then write two accounts' rows, not one's);
 - fairshare-chain-redis, fairshare-chain-rabbitmq: the full chain with the Redis broker
@@ -29,8 +36,10 @@ project's .venv), made on the first run and reused. Fairshare's paths run in the
 
 Protocol, per system and round: a fresh database (a copy of the system's migrated template
 database, made at the start of the run) on DATABASE_URL's server; N jobs enqueued up front, one
-call per job, by a child process in the system's interpreter, with no worker running (timed: the
-calls alone); a CHECKPOINT; then the workers start, and the number of jobs not yet finished is
+call per job (fairshare-many*: one call for all), by a child process in the system's interpreter,
+with no worker running (timed: the calls alone; Fairshare sends none of its account work to the
+broker then, as no worker could start it: it waits in line, and the workers' pulses and loops take
+it once they run); a CHECKPOINT; then the workers start, and the number of jobs not yet finished is
 polled every 10 ms. jobs/s = the jobs left at the first poll that saw a job finished, divided by
 the time from that poll to the first poll that saw none left (worker start-up is left out).
 Machine CPU seconds per 1,000 jobs: /proc/stat's busy time over the same window (every process:
@@ -40,13 +49,19 @@ backends, from /proc/<pid>/stat), which other work on a shared machine cannot in
 write-ahead log the server wrote over the window per job (what the database writes for each job:
 the same whatever the load). What each job
 leaves: the rows in every table of the database after the workers stopped, minus those before
-the enqueue. Rounds rotate the order of the systems; medians over rounds. With --waits, each poll
+the enqueue. What the database did for each job, from its own counters (pg_stat_database) from the
+workers' start until they stopped, less the benchmark's own polls: transactions (commits and
+rollbacks) and row writes (rows inserted, updated and deleted), per job. The 1-minute load
+average at each measurement's start is in the table: figures taken on a loaded machine are not
+results. Rounds rotate the order of the systems; medians over rounds. With --waits, each poll
 also samples what the system's database backends are doing (working, waiting for a row lock another
 transaction holds, for the WAL's flush at commit, ...): the shares per round, and the statements
 seen waiting for a row lock most, in the log and the JSON.
 
-Goals printed (issue 27): Fairshare's full chain at or above Procrastinate's jobs/s, with no more
-machine CPU per job; (issue 38) the chain on RabbitMQ at least 0.8x its jobs/s on the ORM broker. Results: a table on stdout, JSON in bench/results/. Not part of .ci/run.
+Goals printed (issues 27, 43): every Fairshare path measured (chain, many, many-wide, tasks,
+chain-redis) at or above Procrastinate's jobs/s, with no more machine CPU per job: the summary
+names the slowest path and the costliest, not the fastest; (issue 38) the chain on RabbitMQ at
+least 0.8x its jobs/s on the ORM broker. Results: a table on stdout, JSON in bench/results/. Not part of .ci/run.
 """
 from __future__ import annotations
 
@@ -71,7 +86,9 @@ from bench import harness as h  # noqa: E402
 PEER_APPS = h.REPO / "bench" / "peer_apps"
 ENQUEUE = PEER_APPS / "enqueue.py"
 DEFAULT_VENVS = h.REPO / "var" / "peers"
-DB_PREFIX = "fairshare_peers"
+DB_PREFIX = "fairshare_peers"  # --db-prefix: two runs on one server use different ones
+# The paths every goal is about (issue 43): each of them at or above Procrastinate.
+GOAL_PATHS = ("fairshare-chain", "fairshare-many", "fairshare-many-wide", "fairshare-tasks", "fairshare-chain-redis")
 PSYCOPG = "psycopg[binary]==3.3.9"  # the project's own
 PROCRASTINATE_REQUIREMENTS = ("procrastinate==3.10.0", PSYCOPG)
 DTDB_REQUIREMENTS = ("Django==5.2.19", "django-tasks==0.12.0", "django-tasks-db==0.13.0", PSYCOPG)
@@ -247,11 +264,17 @@ class Fairshare(System):
         self.broker = broker
         if broker != "orm":
             self.workers = f"1 qcluster, 2 workers ({BROKER_LABELS[broker]})"
-        if path in ("chain", "tenants"):  # what waits in the broker, and in the accounts' lines (every worker busy)
+        if path in ("chain", "tenants", "many", "many-wide") or path.startswith("chain-"):
+            # What waits in the broker, and in the accounts' lines (no worker free to start it).
             self.remaining_sql = ("SELECT (SELECT count(*) FROM django_q_ormq WHERE key = 'default') + "
                                   "(SELECT count(*) FROM scheduling_deferredtask WHERE ref LIKE 'peers-%')")
+        if path == "tasks":  # the calls' refs are their ids
+            self.remaining_sql = ("SELECT (SELECT count(*) FROM django_q_ormq WHERE key = 'default') + "
+                                  "(SELECT count(*) FROM scheduling_deferredtask WHERE job LIKE 'tasks.%')")
         if path == "bare":  # no record of a success (save_limit -1): no failure recorded either
             self.check_sql, self.check_equals_n = "SELECT count(*) FROM django_q_task WHERE NOT success", False
+        elif path == "tasks":
+            self.check_sql = "SELECT count(*) FROM tasks_taskcall WHERE status = 'SUCCESSFUL'"
         else:  # the benchmark's runs (refs peers-<i>), not the product's schedules' maintenance jobs
             self.check_sql = "SELECT count(*) FROM scheduling_taskrun WHERE outcome = 'succeeded' AND ref LIKE 'peers-%'"
 
@@ -277,8 +300,9 @@ class Fairshare(System):
     def remaining(self, count, n: int) -> int:
         if self.broker == "orm":
             return count(self.remaining_sql)
-        # Outside the database, a broker's messages: what is left is what has not succeeded yet.
-        return n - count(self.check_sql)
+        # Outside the database, a broker's messages: what is left is what has not succeeded yet
+        # (before the workers start, the jobs waiting in line: none is sent then).
+        return max(count(self.remaining_sql), n - count(self.check_sql))
 
     def cleanup(self) -> None:
         if self.broker == "rabbitmq":
@@ -364,6 +388,10 @@ SYSTEMS = {s.key: s for s in (
     Fairshare("recorded", 'Fairshare, TaskRun only ("recorded")', "a TaskRun"),
     Fairshare("chain", "Fairshare, full chain", "a metered TaskRun, slot, ledger charge"),
     Fairshare("tenants", "Fairshare, full chain, jobs of two accounts", "a metered TaskRun, slot, ledger charge"),
+    Fairshare("many", "Fairshare, full chain, enqueue_many, cap = workers", "a metered TaskRun, slot, ledger charge"),
+    Fairshare("many-wide", "Fairshare, full chain, enqueue_many, cap far above the workers",
+              "a metered TaskRun, slot, ledger charge"),
+    Fairshare("tasks", "Fairshare, Tasks API (Task.enqueue)", "a TaskCall, a metered TaskRun, slot, ledger charge"),
     Fairshare("chain-redis", "Fairshare, full chain, Redis broker", "a metered TaskRun, slot, ledger charge",
               broker="redis"),
     Fairshare("chain-rabbitmq", "Fairshare, full chain, RabbitMQ broker", "a metered TaskRun, slot, ledger charge",
@@ -465,6 +493,35 @@ def waits_summary(samples: collections.Counter) -> dict:
             "lock_waits_by_statement": [{"statement": q, "share": k / total} for q, k in locked]}
 
 
+# What the database did, from its own counters: transactions ended, rows written.
+DATABASE_SQL = ("SELECT xact_commit + xact_rollback, tup_inserted + tup_updated + tup_deleted "
+                "FROM pg_stat_database WHERE datname = current_database()")
+
+
+class Counted:
+    """A connection whose statements are counted: each one the benchmark sends in autocommit is a
+    transaction of its own in the database's counters, which are the system's less these."""
+
+    def __init__(self, conn):
+        self.conn, self.statements = conn, 0
+
+    def execute(self, *args, **kwargs):
+        self.statements += 1
+        return self.conn.execute(*args, **kwargs)
+
+
+def database_counters(db_url: str) -> tuple[int, int]:
+    """(transactions, row writes) of the database so far, read on a connection of its own once the
+    connections before it closed (a backend's counts reach pg_stat_database at the latest when it
+    exits; the read's own transaction is one more)."""
+    import psycopg
+
+    time.sleep(0.5)
+    with psycopg.connect(db_url, autocommit=True) as conn:
+        conn.execute("SELECT pg_stat_clear_snapshot()")
+        return conn.execute(DATABASE_SQL).fetchone()
+
+
 def measure(system: System, n: int, db_name: str, template: str, log_dir: Path, timeout: float,
             waits: bool = False) -> dict:
     import psycopg
@@ -478,6 +535,10 @@ def measure(system: System, n: int, db_name: str, template: str, log_dir: Path, 
         if system.remaining(count, n) != n:
             raise RuntimeError(f"{system.key}: {system.remaining(count, n)} jobs waiting after enqueueing {n}")
         conn.execute("CHECKPOINT")  # no checkpoint of the enqueue's writes in the measured window
+    xacts_before, writes_before = database_counters(db_url)
+    with psycopg.connect(db_url, autocommit=True) as raw:
+        conn = Counted(raw)
+        count = lambda q: conn.execute(q).fetchone()[0]  # noqa: E731
         procs = system.start(db_url, log_dir)
         try:
             t_start = time.perf_counter()
@@ -507,6 +568,10 @@ def measure(system: System, n: int, db_name: str, template: str, log_dir: Path, 
         finally:
             h.processes.stop_all(procs, STOP_TIMEOUT_S)
             system.cleanup()
+        polls = conn.statements
+    xacts_after, writes_after = database_counters(db_url)
+    with psycopg.connect(db_url, autocommit=True) as conn:
+        count = lambda q: conn.execute(q).fetchone()[0]  # noqa: E731
         checked = count(system.check_sql)
         if checked != (n if system.check_equals_n else 0):
             raise RuntimeError(f"{system.key}: check {system.check_sql!r} gave {checked} for {n} jobs:\n{procs[0].tail(40)}")
@@ -524,6 +589,10 @@ def measure(system: System, n: int, db_name: str, template: str, log_dir: Path, 
         "own_cpu_s_per_1000": own * 1000 / left_at_first,
         "database_cpu_s_per_1000": own_db * 1000 / left_at_first,
         "wal_bytes_per_job": float(wal_bytes) / left_at_first,
+        # From the workers' start until they stopped, all N jobs (start-up and pulses included).
+        # Less the benchmark's: its polls, and the first counters' read (two statements).
+        "transactions_per_job": (xacts_after - xacts_before - polls - 2) / n,
+        "row_writes_per_job": (writes_after - writes_before) / n,
         "rows_left": {t: d for t, d in rows.items() if d},
         "loadavg_1m_at_start": load,
         **({"backends": waits_summary(activity)} if waits else {}),
@@ -553,6 +622,8 @@ def parse_args(argv=None):
     p.add_argument("--timeout", type=float, default=600, help="seconds a drain may take before the run fails")
     p.add_argument("--keep", action="store_true", help="keep the template databases (fairshare_peers_tmpl_*)")
     p.add_argument("--json", type=Path, help="results file (default bench/results/peers[-quick].json)")
+    p.add_argument("--db-prefix", default=DB_PREFIX,
+                   help=f"names of this run's databases (default {DB_PREFIX}): two runs on one server need two")
     p.add_argument("--waits", action="store_true",
                    help="sample what the system's database backends wait for at each poll (row locks, commits' "
                         "WAL flush): one more query per poll, in the machine CPU figure")
@@ -565,6 +636,31 @@ def parse_args(argv=None):
         p.error(f"unknown systems {unknown}; known: {', '.join(SYSTEMS)}")
     args.json = args.json or h.RESULTS_DIR / ("peers-quick.json" if args.quick else "peers.json")
     return args
+
+
+def goals_against_procrastinate(summary: dict) -> dict:
+    """Every Fairshare path measured (GOAL_PATHS) against Procrastinate: the slowest one's jobs/s and
+    the costliest one's CPU per job, each named (one path above it says nothing of the others)."""
+    paths = [k for k in GOAL_PATHS if k in summary]
+    if not paths or "procrastinate" not in summary:
+        return {}
+    proc = summary["procrastinate"]
+    goals = {}
+    slowest = min(paths, key=lambda k: summary[k]["jobs_per_s"])
+    goals["jobs_per_s"] = {"goal": f"the slowest Fairshare path ({slowest}) jobs/s >= Procrastinate's",
+                           "path": slowest, "value": summary[slowest]["jobs_per_s"] / proc["jobs_per_s"],
+                           "pass": summary[slowest]["jobs_per_s"] >= proc["jobs_per_s"]}
+    for key, what, extra in (("machine_cpu_s_per_1000", "cpu", "machine CPU per job"),
+                             ("own_cpu_s_per_1000", "own_cpu", "its processes' CPU per job, which other work "
+                                                               "cannot inflate")):
+        measured = [k for k in paths if summary[k][key] is not None]
+        if not measured or proc[key] is None:
+            continue
+        costliest = max(measured, key=lambda k: summary[k][key])
+        goals[what] = {"goal": f"the costliest Fairshare path ({costliest}) {extra} <= Procrastinate's",
+                       "path": costliest, "value": summary[costliest][key] / proc[key],
+                       "pass": summary[costliest][key] <= proc[key]}
+    return goals
 
 
 def main(argv=None) -> int:
@@ -582,7 +678,7 @@ def main(argv=None) -> int:
     templates = {}
     for s in systems:
         if s.template not in templates:
-            name = f"{DB_PREFIX}_tmpl_{s.template}"
+            name = f"{args.db_prefix}_tmpl_{s.template}"
             h.log(f"template database {name} for {s.key}")
             s.setup(create_database(name))
             templates[s.template] = name
@@ -599,12 +695,13 @@ def main(argv=None) -> int:
         result = {"order": [s.key for s in order]}
         for s in order:
             time.sleep(1.0)  # the previous system's processes gone, its database dropped
-            x = measure(s, args.jobs, f"{DB_PREFIX}_{s.key.replace('-', '_')}", templates[s.template], log_dir,
+            x = measure(s, args.jobs, f"{args.db_prefix}_{s.key.replace('-', '_')}", templates[s.template], log_dir,
                         args.timeout, waits=args.waits)
             result[s.key] = x
             h.log(f"round {r + 1}: {s.key:18s} {x['jobs_per_s']:7.1f} jobs/s, "
                   f"{h.fmt(x['machine_cpu_s_per_1000'], '.2f')} machine / {x['own_cpu_s_per_1000']:.2f} own / "
-                  f"{x['database_cpu_s_per_1000']:.2f} database CPU s per 1,000, {x['wal_bytes_per_job']:.0f} WAL bytes/job "
+                  f"{x['database_cpu_s_per_1000']:.2f} database CPU s per 1,000, {x['wal_bytes_per_job']:.0f} WAL bytes/job, "
+                  f"{x['transactions_per_job']:.2f} transactions and {x['row_writes_per_job']:.1f} row writes per job "
                   f"(enqueue {x['enqueue_per_s']:.0f}/s, "
                   f"load {x['loadavg_1m_at_start']:.2f})")
             if args.waits:
@@ -625,23 +722,14 @@ def main(argv=None) -> int:
             "own_cpu_s_per_1000": h.median([x["own_cpu_s_per_1000"] for x in xs]),
             "database_cpu_s_per_1000": h.median([x["database_cpu_s_per_1000"] for x in xs]),
             "wal_bytes_per_job": h.median([x["wal_bytes_per_job"] for x in xs]),
+            "transactions_per_job": h.median([x["transactions_per_job"] for x in xs]),
+            "row_writes_per_job": h.median([x["row_writes_per_job"] for x in xs]),
+            "loadavg_1m": h.median([x["loadavg_1m_at_start"] for x in xs]),
             "enqueue_per_s": h.median([x["enqueue_per_s"] for x in xs]),
             "rows_left_per_job": {t: d / args.jobs for t, d in xs[-1]["rows_left"].items()},
             "leaves": leaves_text(xs[-1]["rows_left"], args.jobs),
         }
-    goals = {}
-    if "fairshare-chain" in summary and "procrastinate" in summary:
-        chain, proc = summary["fairshare-chain"], summary["procrastinate"]
-        goals["jobs_per_s"] = {"goal": "Fairshare's full chain jobs/s >= Procrastinate's",
-                               "value": chain["jobs_per_s"] / proc["jobs_per_s"],
-                               "pass": chain["jobs_per_s"] >= proc["jobs_per_s"]}
-        if chain["machine_cpu_s_per_1000"] is not None and proc["machine_cpu_s_per_1000"] is not None:
-            goals["cpu"] = {"goal": "Fairshare's full chain machine CPU per job <= Procrastinate's",
-                            "value": chain["machine_cpu_s_per_1000"] / proc["machine_cpu_s_per_1000"],
-                            "pass": chain["machine_cpu_s_per_1000"] <= proc["machine_cpu_s_per_1000"]}
-        goals["own_cpu"] = {"goal": "(the same with its processes' CPU, which other work cannot inflate)",
-                            "value": chain["own_cpu_s_per_1000"] / proc["own_cpu_s_per_1000"],
-                            "pass": chain["own_cpu_s_per_1000"] <= proc["own_cpu_s_per_1000"]}
+    goals = goals_against_procrastinate(summary)
     if "fairshare-chain" in summary and "fairshare-chain-rabbitmq" in summary:
         chain, rabbit = summary["fairshare-chain"], summary["fairshare-chain-rabbitmq"]
         goals["rabbitmq_jobs_per_s"] = {"goal": "the full chain on RabbitMQ >= 0.8x its jobs/s on the ORM broker",
@@ -661,7 +749,12 @@ def main(argv=None) -> int:
             "database_cpu": "of own_cpu, the database's backends' (the system's workers' sessions are the rest)",
             "wal": "bytes of write-ahead log the server wrote over the same window (pg_current_wal_lsn), per job: "
                    "what the database writes for each, which machine load does not move",
-            "enqueue": "N calls, one per job, before any worker starts, in a child process of the system's interpreter",
+            "enqueue": "N calls, one per job (fairshare-many*: one enqueue_many), before any worker starts, in a child "
+                       "process of the system's interpreter",
+            "transactions": "transactions ended (commits and rollbacks) and rows inserted, updated and deleted "
+                            "(pg_stat_database) from the workers' start until they stopped, less the benchmark's "
+                            "own polls, per job (all N)",
+            "load": "1-minute load average at each measurement's start: a loaded machine's figures are not results",
             "rows": "rows gained by every table of the system's database between before the enqueue and after the "
                     "workers stopped (last round)",
             "database": "a fresh database per system and round, copied from the system's migrated template",
@@ -678,12 +771,14 @@ def main(argv=None) -> int:
         rows.append([x["label"], h.fmt(x["jobs_per_s"], ".0f"), " / ".join(f"{v:.0f}" for v in x["jobs_per_s_rounds"]),
                      h.fmt(x["machine_cpu_s_per_1000"], ".2f"), h.fmt(x["own_cpu_s_per_1000"], ".2f"),
                      h.fmt(x["database_cpu_s_per_1000"], ".2f"), h.fmt(x["wal_bytes_per_job"], ".0f"),
-                     h.fmt(x["enqueue_per_s"], ".0f"), x["leaves"]])
+                     h.fmt(x["transactions_per_job"], ".2f"), h.fmt(x["row_writes_per_job"], ".1f"),
+                     h.fmt(x["loadavg_1m"], ".2f"), h.fmt(x["enqueue_per_s"], ".0f"), x["leaves"]])
     print()
     print(h.render_table(["system", "jobs/s (median)", "rounds", "machine CPU s per 1,000 jobs",
-                          "its processes' CPU s", "of which its database's", "WAL bytes per job", "enqueued/s",
+                          "its processes' CPU s", "of which its database's", "WAL bytes per job",
+                          "transactions per job", "row writes per job", "load (1 min)", "enqueued/s",
                           "what each job leaves (rows per job)"],
-                         rows, right={1, 2, 3, 4, 5, 6, 7}))
+                         rows, right={1, 2, 3, 4, 5, 6, 7, 8, 9, 10}))
     print()
     for g in goals.values():
         print(f"{'PASS' if g['pass'] else 'MISS'}  {g['goal']}: {g['value']:.2f}x")

@@ -15,8 +15,8 @@ runs `tests.sleep` jobs of 20 ms:
 - rate: an account limited to 10 starts per second with a backlog of 500, beside another
   account's backlog deeper than the run; 4 workers. Goals: never more than 10 of its starts in any
   1-second window (recorded starts, every window), at least 9 starts/s over its backlog, and the
-  workers kept busy: jobs/s of both accounts over its backlog's span >= 0.8 of the other account's
-  alone, measured first on the same workers (work conservation).
+  workers kept busy: jobs/s of both accounts over its backlog's span >= 0.95 of the other account's
+  alone, measured first on the same workers (work conservation; issue 43).
 - priority: one account (cap 2, 2 workers) with 1,000 low-priority jobs held, then 20 of priority
   50: goal, all 20 start before the next 20 low-priority ones.
 """
@@ -39,7 +39,7 @@ QUEUE = "default"
 JOB, JOB_MS = "tests.sleep", 20
 SCENARIOS = ("weights", "rate", "priority")
 WEIGHT_RATIO_GOAL, WEIGHT_TOLERANCE = 3.0, 0.10
-RATE, RATE_GOAL, CONSERVATION_GOAL = 10, 9.0, 0.8
+RATE, RATE_GOAL, CONSERVATION_GOAL = 10, 9.0, 0.95
 PRIORITY_JOBS = 20
 BASELINE_S = 10  # the rate scenario's other account alone, first
 

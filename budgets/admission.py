@@ -40,7 +40,8 @@ def admit_at_enqueue(*, envelope: Envelope, queue: str) -> bool:
 
     It is held for the first reason `standing.refusal` finds (out of budget today, its rate limit
     reached, no free slot on this queue, work in line before it: it waits behind it, in line order),
-    and when every worker of the queue is busy (a job sent to the broker waits for one): then the busy
+    and when no worker of the queue could start it now (each runs or is sent a job:
+    `ledger.idle_workers`; or a job sent to the broker waits for one): then the busy
     workers' loops take it from the line in the fair order (budgets.handoff), and what the broker
     holds stays as short as the number of workers, instead of a flood waiting there first in,
     first out. CPU is reserved when it starts.
@@ -50,7 +51,9 @@ def admit_at_enqueue(*, envelope: Envelope, queue: str) -> bool:
     """
     now = clock.now()
     day = clock.budget_day(now)
-    decided = ledger.dispatch_or_hold(envelope=envelope, queue=queue, day=day)
+    idle = ledger.idle_workers(queue=queue)
+    workers_free = idle is None or idle > 0
+    decided = ledger.dispatch_or_hold(envelope=envelope, queue=queue, day=day, workers_free=workers_free)
     if decided is not None:
         return decided
     with transaction.atomic():
@@ -58,7 +61,8 @@ def admit_at_enqueue(*, envelope: Envelope, queue: str) -> bool:
         if state.own_slot is not None:
             ledger.redispatch(slot_id=state.own_slot)
             return True
-        refused = standing.refusal(state, now, line=True, workers_busy=lambda: ledger.broker_waiting(queue=queue))
+        refused = standing.refusal(state, now, line=True,
+                                   workers_busy=lambda: not workers_free or ledger.broker_waiting(queue=queue))
         if refused is None:
             ledger.dispatch(envelope=envelope, queue=queue, day=day)
             return True

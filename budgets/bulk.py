@@ -1,15 +1,17 @@
 """The enqueue-time check for a batch (`scheduling.runtime.enqueue_many`): a flood of one
 account's jobs is decided in one transaction per account instead of one check per job.
 
-Under the account's lock it sends as many as fit the account's free slots and the starts its rate
-limit has left (each dispatched, as budgets.admission.admit_at_enqueue would) when the account has
-budget left and nothing in line,
+Under the account's lock it sends as many as fit the account's free slots, the starts its rate
+limit has left and the queue's idle workers (budgets.ledger.idle_workers: what the broker holds
+stays as short as the workers that could start it; each dispatched, as
+budgets.admission.admit_at_enqueue would) when the account has budget left and nothing in line,
 and holds the rest with one insert, in order: the first for the reason it could not go, the
-others queued behind it.
+others queued behind it. The busy workers' loops take them from the line in the fair order.
 """
 import datetime as dt
 import functools
 from collections import defaultdict
+from collections.abc import Callable
 from dataclasses import replace
 
 from django.db import transaction
@@ -34,13 +36,23 @@ def admit_many_at_enqueue(*, envelopes: list[Envelope], queue: str) -> list[bool
     verdicts = [False] * len(envelopes)
     now = clock.now()
     day = clock.budget_day(now)
+    # What the queue's workers could start now, read once for the batch: the accounts' sends take
+    # from it in turn, and what it leaves waits in line (`ledger.idle_workers`).
+    idle = ledger.idle_workers(queue=queue)
+    broker_waiting = functools.cache(lambda: ledger.broker_waiting(queue=queue))
+
+    def busy(idle: int | None) -> Callable[[], bool]:  # no worker could start one more job now
+        return lambda: (idle is not None and idle <= 0) or broker_waiting()
+
     for account_id, indexes in by_account.items():
         with transaction.atomic():
             state = locked_standing(account_id=account_id, queue=queue, day=day)
-            busy = functools.cache(lambda: ledger.broker_waiting(queue=queue))
             fits = 0
-            if standing.refusal(state, now, line=True, workers_busy=busy) is None:
+            if standing.refusal(state, now, line=True, workers_busy=busy(idle)) is None:
                 fits = max(0, state.free_slots) if state.starts_left is None else min(state.free_slots, state.starts_left)
+                if idle is not None:
+                    fits = min(fits, idle)
+                    idle -= fits
             go, wait = indexes[:fits], indexes[fits:]
             ledger.dispatch_many(envelopes=[envelopes[i] for i in go], queue=queue, day=day)
             for i in go:
@@ -49,7 +61,7 @@ def admit_many_at_enqueue(*, envelopes: list[Envelope], queue: str) -> list[bool
                 # The first held job's reason is the rule's for the account once the batch's first
                 # `fits` took their slots (each on its way, for the rate limit as for the cap).
                 after = replace(state, in_flight=state.in_flight + fits)
-                reason, eligible_at = standing.refusal(after, now, line=True, workers_busy=busy)
+                reason, eligible_at = standing.refusal(after, now, line=True, workers_busy=busy(idle))
                 _hold(state, [envelopes[i] for i in wait], account_id=account_id, queue=queue, day=day, now=now,
                       reason=reason, eligible_at=eligible_at)
     return verdicts

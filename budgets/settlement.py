@@ -89,7 +89,7 @@ def settle(
         with transaction.atomic():
             state = locked_standing(account_id=account_id, queue=queue, day=day)
             handed_to = _give_freed_slot(account_id=account_id, queue=queue, state=state, day=day, hand_to=hand_to)
-        if handed_to is None:
+        if handed_to is None and hand_to is None:
             release_next(queue=queue)
     return Settled(handed_to=handed_to, waiting=charged.waiting or handed_to is not None)
 
@@ -115,17 +115,21 @@ def _settle_and_hold(*, slot_id: int, account_id: int, queue: str, meter: Meter,
         state = ledger.standing(account_id=account_id, queue=queue, day=day)  # with the job it held
         handed_to = _give_freed_slot(account_id=account_id, queue=queue, state=state, day=day, hand_to=hand_to) \
             if charged.was_active else None
-    if charged.was_active and handed_to is None:
+    if charged.was_active and handed_to is None and hand_to is None:
         release_next(queue=queue)
     return Settled(handed_to=handed_to, waiting=charged.waiting or handed_to is not None)
 
 
 def _give_freed_slot(*, account_id: int, queue: str, state: Standing, day: dt.date, hand_to: str | None) -> Claimed | None:
     """Under the lock: a freed slot goes to the first job of the account's line, claimed for worker
-    `hand_to` (returned) when given. When it is not (no worker to take it, or work waits in the
-    broker), the caller releases, once its transaction committed, the next job of the account
-    whose turn it is to the broker (`release_next`): releasing the account's own next job would
-    keep each slot with its account for as long as the broker has work waiting."""
+    `hand_to` (returned) when given. Without a worker to take it, the caller releases, once its
+    transaction committed, the next job of the account whose turn it is to the broker
+    (`release_next`): releasing the account's own next job would keep each slot with its account
+    for as long as the broker has work waiting. With one, whose account's line may not go on (its
+    rate limit reached, its budget spent, or work waits in the broker), nothing is released: the
+    worker pulls the next job it may run in the fair order itself (budgets.gate.next_for), or goes
+    back to the broker for what waits there. A job released behind the other workers' runs would
+    wait in the broker while this worker, idle, waits for a message there."""
     if hand_to is None:
         return None
     return claim_next(account_id=account_id, queue=queue, state=state, day=day, worker=hand_to)

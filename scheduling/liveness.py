@@ -1,4 +1,5 @@
-"""Is each queue doing its work? Read by /healthz and /metrics.
+"""Is each queue doing its work? Read by /healthz and /metrics; how many workers run on a queue
+(`running_workers`) also by the enqueue check, which sends no more than they could start.
 
 A worker's heartbeat is written by its pulse thread, which keeps running while the worker's main
 thread waits for work its pool no longer hands out (a killed worker does not do that any more,
@@ -64,6 +65,22 @@ class LiveWorker:
     stalled_since: dt.datetime | None  # its pool's own verdict (scheduling.stuck)
 
 
+def live_since(now: dt.datetime) -> dt.datetime:
+    """Heartbeats at or after this time are of workers running now: two heartbeats and a tick of
+    the pulse (a worker killed within it still counts until it is over)."""
+    options = settings.FAIRSHARE
+    return now - dt.timedelta(seconds=2 * options["WORKER_HEARTBEAT_S"] + options["RELEASE_POLL_S"])
+
+
+def running_workers(*, queue: str) -> int | None:
+    """How many worker processes of `queue` run now, by their heartbeats (`live_since`); None when
+    workers run no pulse (FAIRSHARE["RELEASE_POLL_S"] 0: no heartbeat says anything). Reads the
+    heartbeats, one row per worker process."""
+    if settings.FAIRSHARE["RELEASE_POLL_S"] <= 0:
+        return None
+    return WorkerHeartbeat.objects.filter(queue=queue, seen_at__gte=live_since(timezone.now())).count()
+
+
 def _live_workers() -> dict[str, list[LiveWorker]]:
     """Workers per queue heard from within FAIRSHARE["HEALTH_HEARTBEAT_MAX_AGE_S"]."""
     since = timezone.now() - dt.timedelta(seconds=settings.FAIRSHARE["HEALTH_HEARTBEAT_MAX_AGE_S"])
@@ -95,8 +112,7 @@ def _stuck_pool(workers: list[LiveWorker], now: dt.datetime, stall_after: float)
 
     A verdict counts while its worker beats (two heartbeats and a tick): a stuck pool that was
     stopped or ended itself is not the one its supervisor started again."""
-    options = settings.FAIRSHARE
-    current = now - dt.timedelta(seconds=2 * options["WORKER_HEARTBEAT_S"] + options["RELEASE_POLL_S"])
+    current = live_since(now)
     reports = sorted((w.stalled_since, w.worker) for w in workers if w.stalled_since and w.seen_at >= current)
     if reports and (now - reports[0][0]).total_seconds() > stall_after:
         return reports[0][1], (now - reports[0][0]).total_seconds()

@@ -11,11 +11,13 @@ import redis
 from django.conf import settings
 from django.core.checks import run_checks
 from django.db import connection
+from django.utils import timezone
 from django_q.conf import Conf
 
 import tests.jobs  # noqa: F401  (registers the test jobs in this process too)
 from budgets.models import Queue, Role
 from scheduling import processes
+from scheduling.models import WorkerHeartbeat
 from scheduling.processes import Cluster
 from scheduling.testing import FAULT, FAULT_MARKER, FAULT_RESUME
 from tests import stores
@@ -117,6 +119,29 @@ def worker_env(export_root: Path, **extra: str) -> dict[str, str]:
         "FAIRSHARE_TESTING": "1",
         **extra,
     })
+
+
+# How many workers `beating_workers` says run by default: more than any test's jobs in flight.
+BEATING_WORKERS = 64
+
+
+@pytest.fixture
+def beating_workers(django_db_blocker):
+    """Workers of a queue that beat (their heartbeats written now, as each worker's pulse writes
+    its own), for a test of the enqueue without real workers: work goes to the broker only as far
+    as the queue's running workers could start it (budgets.ledger.idle_workers), and without
+    heartbeats none could. By default BEATING_WORKERS on each queue; `beating_workers(n, queue=)`
+    says how many run on one queue (0: none)."""
+
+    def beat(n: int, *, queue: str = "default") -> None:
+        with django_db_blocker.unblock():
+            WorkerHeartbeat.objects.filter(queue=queue, worker__startswith="beating:").delete()
+            WorkerHeartbeat.objects.bulk_create([WorkerHeartbeat(worker=f"beating:{queue}:{i}", queue=queue,
+                                                                 seen_at=timezone.now()) for i in range(n)])
+
+    for queue in Queue.values:
+        beat(BEATING_WORKERS, queue=queue)
+    return beat
 
 
 @pytest.fixture

@@ -32,7 +32,7 @@ from budgets.ledger.admitting import (
 from budgets.ledger.dispatching import dispatch, dispatch_many, dispatch_or_hold, drop, redispatch, undispatch
 from budgets.ledger.leases import grow, reclaim, renew, revive
 from budgets.ledger.reads import (
-    IN_FLIGHT, broker_waiting, lock, may_take_over, ready_accounts, standing, usage_id,
+    IN_FLIGHT, broker_waiting, idle_workers, lock, may_take_over, ready_accounts, standing, usage_id,
 )
 from budgets.ledger.settling import charge
 from budgets.ledger.values import AdmittedAtOnce, Charged, Claimed, PassOn, Ready
@@ -40,7 +40,7 @@ from budgets.ledger.values import AdmittedAtOnce, Charged, Claimed, PassOn, Read
 __all__ = [
     "IN_FLIGHT", "AdmittedAtOnce", "Charged", "Claimed", "PassOn", "Ready",
     "activate", "admit_at_once", "broker_waiting", "charge", "claim_and_admit", "claim_for", "dispatch",
-    "dispatch_many", "dispatch_or_hold", "drop", "grow", "lock", "may_take_over", "ready_accounts", "reclaim",
+    "dispatch_many", "dispatch_or_hold", "drop", "grow", "idle_workers", "lock", "may_take_over", "ready_accounts", "reclaim",
     "redispatch", "renew", "reserve_if_left", "reserve_more", "revive", "standing", "start_admitted", "unadmit",
     "undispatch", "usage_id",
 ]

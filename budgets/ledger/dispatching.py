@@ -16,11 +16,12 @@ from scheduling import clock, db
 from scheduling.envelope import Envelope
 
 
-def dispatch_or_hold(*, envelope: Envelope, queue: str, day: dt.date) -> bool | None:
+def dispatch_or_hold(*, envelope: Envelope, queue: str, day: dt.date, workers_free: bool = True) -> bool | None:
     """The enqueue check's common case without the lock (an account with budget, a free slot and no
     rate limit): True when the job took a dispatched slot, False when it joined the account's line
-    (behind its held work, or every worker being busy); None when the lock must decide."""
-    row = db.fetch_one(QUERIES["dispatch_or_hold"], {
+    (behind its held work, or no worker free to start it: `workers_free` False, or a job sent to
+    the broker waits for one); None when the lock must decide."""
+    row = db.fetch_one(QUERIES["dispatch_or_hold"], {"workers_free": workers_free,
         "account_id": envelope.account, "queue": queue, "day": day, "job": envelope.job, "ref": envelope.ref,
         "priority": envelope.priority, "lease": standing.dispatch_lease_expiry(), "created_at": timezone.now(),
         "now": clock.now(), **broker_window()})

@@ -45,7 +45,8 @@ SELECT b.cpu_seconds_per_day::bigint * 1000 AS cpu_limit_ms, b.max_concurrent, u
 -- The enqueue check's common case, no lock: the account has budget left today, a free slot on the
 -- queue, no slot of the job's own and no rate limit (a rate-limited account's starts are decided
 -- under the lock) (`a`). Then the job takes a dispatched slot (`d`) when nothing is in the
--- account's line and no job sent to the broker on the queue waits for a worker; otherwise it joins
+-- account's line, a worker is free to start it (%(workers_free)s: budgets.ledger.idle_workers) and
+-- no job sent to the broker on the queue waits for a worker; otherwise it joins
 -- the line (`h`): behind the account's held work, or, every worker being busy, to be taken by a
 -- busy worker's loop in the fair order instead of waiting in the broker's first-in-first-out; its
 -- deferral counted on the day's usage row (`c`; without that row yet, the lock decides). Returns
@@ -53,7 +54,8 @@ SELECT b.cpu_seconds_per_day::bigint * 1000 AS cpu_limit_ms, b.max_concurrent, u
 -- row, slots and Backlog row, and the queue's dispatched slots sent in the broker window.
 WITH a AS (
   SELECT b.account_id, u.id AS usage_id, (SELECT in_line FROM fairshare_in_line(b.account_id, b.queue)) AS in_line,
-         (SELECT waiting FROM fairshare_broker_waiting(%(queue)s, %(broker_since)s, %(broker_forgets)s)) AS busy
+         (NOT %(workers_free)s
+          OR (SELECT waiting FROM fairshare_broker_waiting(%(queue)s, %(broker_since)s, %(broker_forgets)s))) AS busy
     FROM budgets_budget b
     LEFT JOIN budgets_usageday u ON u.account_id = b.account_id AND u.queue = b.queue AND u.day = %(day)s
    WHERE b.account_id = %(account_id)s AND b.queue = %(queue)s AND b.rate_starts IS NULL

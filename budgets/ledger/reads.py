@@ -6,7 +6,9 @@ Cost, as held jobs and accounts grow: the lock and the standing read one account
 (its Budget, its day's usage row, its slots, bounded by its cap, its Backlog row, its claim by
 (job, ref); a rate limit's window at most the limit's count of TaskRun index entries); the fair
 order the Backlog rows of the accounts whose line could go now (index backlog_ready), never the
-held jobs; `broker_waiting` the slots sent in its window (index reservation_age). Their statements
+held jobs; `broker_waiting` the slots sent in its window (index reservation_age); `idle_workers`
+the queue's worker heartbeats and slots taken (one row per worker process; the slots taken,
+bounded by the accounts' caps: the table holds no others). Their statements
 are budgets/ledger/queries.sql's (`QUERIES`, every ledger module's), EXPLAINed in
 tests/scheduling/test_held_work_cost.py.
 """
@@ -20,6 +22,7 @@ from budgets.ledger.values import Ready
 from budgets.models import Queue, Reservation, ReservationStatus, UsageDay
 from budgets.standing import Standing
 from scheduling import clock, db
+from scheduling.liveness import running_workers
 
 QUERIES = db.load_queries(Path(__file__).with_name("queries.sql"))
 IN_FLIGHT = (ReservationStatus.DISPATCHED, ReservationStatus.ACTIVE)
@@ -98,3 +101,15 @@ def broker_waiting(*, queue: str) -> bool:
     starting, and not yet BROKER_WAIT_FORGET_S (a claimed job's slot is not one: its held row is
     still there)."""
     return db.fetch_one(QUERIES["broker_waiting"], {"queue": queue, **broker_window()})[0]
+
+
+def idle_workers(*, queue: str) -> int | None:
+    """How many more jobs the queue's workers could start now: its running workers
+    (scheduling.liveness.running_workers) less its slots taken (dispatched: on their way to a
+    worker or claimed by one; active: running). What may go to the broker at most, so that what it
+    holds stays as short as the number of workers and the rest waits in line in the fair order.
+    None when workers run no pulse (nothing to count them by): then no such bound."""
+    running = running_workers(queue=queue)
+    if running is None:
+        return None
+    return max(0, running - Reservation.objects.filter(queue=queue, status__in=IN_FLIGHT).count())

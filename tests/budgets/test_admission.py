@@ -18,7 +18,8 @@ from scheduling.metering import Meter
 from scheduling.models import DeferReason, DeferredTask, Outcome, TaskRun
 from scheduling.runtime import enqueue
 
-pytestmark = pytest.mark.django_db
+# Their workers run (their heartbeats beat): work goes to the broker as far as they could start it.
+pytestmark = [pytest.mark.django_db, pytest.mark.usefixtures("beating_workers")]
 
 
 @pytest.fixture

@@ -22,7 +22,8 @@ from tests.budgets.test_admission import meter, usage
 from tests.budgets.test_claims import budget, start
 from tests.budgets.test_processes import ledger_totals, recorded_totals
 
-pytestmark = pytest.mark.django_db
+# Their workers run (their heartbeats beat): work goes to the broker as far as they could start it.
+pytestmark = [pytest.mark.django_db, pytest.mark.usefixtures("beating_workers")]
 
 RUN = {"cpu_ms": 40, "wall_ms": 55, "db_wait_ms": 4, "storage_wait_ms": 2}  # what each run here measures
 

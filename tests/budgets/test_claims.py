@@ -20,7 +20,8 @@ from scheduling.runtime import enqueue_many
 from tests.budgets.test_admission import meter, usage
 from tests.factories import AccountFactory
 
-pytestmark = pytest.mark.django_db
+# Their workers run (their heartbeats beat): work goes to the broker as far as they could start it.
+pytestmark = [pytest.mark.django_db, pytest.mark.usefixtures("beating_workers")]
 
 
 def budget(account, cap: int) -> Budget:

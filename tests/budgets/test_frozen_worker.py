@@ -18,7 +18,8 @@ from scheduling.models import Outcome, TaskRun
 from scheduling.runtime import enqueue
 from tests.budgets.test_processes import wait
 
-pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.processes]
+# Work is sent as in production with workers beating before it (their pulses may not have beaten yet).
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.processes, pytest.mark.usefixtures("beating_workers")]
 
 # Leases of seconds: a worker frozen for a few is past its lease.
 FAST_LEASES = {"FAIRSHARE_RESERVATION_LEASE": "2", "FAIRSHARE_RESERVATION_HEARTBEAT": "0.5",

@@ -17,7 +17,8 @@ from scheduling.models import DeferredTask, Outcome, TaskRun
 from scheduling.runtime import enqueue, enqueue_many, execute
 from tests.conftest import wait_for
 
-pytestmark = pytest.mark.django_db(transaction=True)
+# Their workers run (their heartbeats beat): work goes to the broker as far as they could start it.
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("beating_workers")]
 
 
 def test_a_run_whose_admission_failed_after_recording_it_is_still_recorded_and_charges_nothing(
@@ -181,11 +182,12 @@ def _reservation_rows_read(sql: str) -> int:
     return walk(plan)
 
 
-def test_a_start_does_not_read_the_accounts_backlog(account):
+def test_a_start_does_not_read_the_accounts_backlog(account, beating_workers):
     """A job's own dispatched slot is found by its (job, ref); the slots taken are counted only for
     a job without one. With 300 of the account's jobs dispatched, the admission's state read of a
     job holding its slot reads a row or two of them; a job without one still counts them all."""
     Budget.objects.create(account=account, queue="default", cpu_seconds_per_day=10**6, max_concurrent=1000)
+    beating_workers(300)  # workers to start them all: every job goes to the broker
     enqueue_many(job="tests.noop", work=[(account.pk, f"backlog/{i}") for i in range(300)])
     day = clock.budget_day()
 

@@ -33,7 +33,8 @@ from tests.budgets.settlers import meter_figures, settle_runs
 from tests.conftest import wait_for, worker_env
 from tests.factories import AccountFactory, ActivityEventFactory
 
-pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.processes]
+# Work is sent as in production with workers beating before it (their pulses may not have beaten yet).
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.processes, pytest.mark.usefixtures("beating_workers")]
 
 # Runs that held a slot and were settled (a deferred run never was).
 ADMITTED = (Outcome.SUCCEEDED, Outcome.FAILED, Outcome.BUDGET_EXHAUSTED)

@@ -19,7 +19,8 @@ from scheduling.services import task_run_new
 from tests.budgets.test_admission import meter
 from tests.factories import AccountFactory
 
-pytestmark = pytest.mark.django_db
+# Their workers run (their heartbeats beat): work goes to the broker as far as they could start it.
+pytestmark = [pytest.mark.django_db, pytest.mark.usefixtures("beating_workers")]
 
 
 def budget(account, *, cap: int = 10, weight: int = 1, rate: tuple[int, int] | None = None) -> Budget:

@@ -12,7 +12,8 @@ from scheduling.envelope import Envelope
 from scheduling.runtime import enqueue
 from scheduling.services import task_run_new
 
-pytestmark = pytest.mark.django_db
+# Their workers run (their heartbeats beat): work goes to the broker as far as they could start it.
+pytestmark = [pytest.mark.django_db, pytest.mark.usefixtures("beating_workers")]
 
 
 def status(*args) -> str:

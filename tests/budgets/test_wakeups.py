@@ -17,7 +17,8 @@ from scheduling.envelope import Envelope
 from scheduling.metering import Meter
 from scheduling.models import DeferredTask
 
-pytestmark = pytest.mark.django_db(transaction=True)
+# Their workers run (their heartbeats beat): work goes to the broker as far as they could start it.
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("beating_workers")]
 
 
 def stopped_meter(cpu_ms: int = 3) -> Meter:

@@ -17,7 +17,8 @@ from scheduling.models import Backlog, DeferReason, DeferredTask
 from scheduling.runtime import enqueue, enqueue_many
 from tests.budgets.test_admission import queued_envelopes, usage
 
-pytestmark = pytest.mark.django_db
+# Their workers run (their heartbeats beat): work goes to the broker as far as they could start it.
+pytestmark = [pytest.mark.django_db, pytest.mark.usefixtures("beating_workers")]
 
 
 @pytest.fixture(autouse=True)

@@ -13,7 +13,8 @@ from exports.models import ExportRecord, ExportStatus
 from exports.requests import export_request
 from tests.exports.support import bearer
 
-pytestmark = pytest.mark.django_db
+# Their workers run (their heartbeats beat): work goes to the broker as far as they could start it.
+pytestmark = [pytest.mark.django_db, pytest.mark.usefixtures("beating_workers")]
 
 URL = "/api/accounts/acme/exports/"
 BODY = {"start": "2026-03-01", "end": "2026-03-31", "format": "csv"}

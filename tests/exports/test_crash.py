@@ -31,7 +31,8 @@ from tests.exports.support import (
 
 GATED_STORAGE = "tests.storages.GatedStorage"
 
-pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.processes]
+# Work is sent as in production with workers beating before it (their pulses may not have beaten yet).
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.processes, pytest.mark.usefixtures("beating_workers")]
 
 ROWS = 1000  # 20 batches of 50: the fault "mid_stream" fires after the first
 

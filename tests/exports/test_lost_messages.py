@@ -26,7 +26,8 @@ from scheduling.schedules import sync_schedules
 from tests.budgets.test_processes import wait
 from tests.exports.conftest import FAST_RECOVERY
 
-pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.processes,
+# Work is sent as in production with workers beating before it (their pulses may not have beaten yet).
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.processes, pytest.mark.usefixtures("beating_workers"),
               pytest.mark.parametrize("broker", ["redis"], indirect=True)]
 
 

@@ -16,7 +16,8 @@ from exports.recurring import run_export_schedules, schedule_period
 from scheduling.models import DeferReason, DeferredTask
 from scheduling.runtime import enqueue
 
-pytestmark = pytest.mark.django_db
+# Their workers run (their heartbeats beat): work goes to the broker as far as they could start it.
+pytestmark = [pytest.mark.django_db, pytest.mark.usefixtures("beating_workers")]
 
 AMSTERDAM, NEW_YORK, TOKYO = ZoneInfo("Europe/Amsterdam"), ZoneInfo("America/New_York"), ZoneInfo("Asia/Tokyo")
 D = dt.date

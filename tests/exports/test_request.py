@@ -15,7 +15,8 @@ from exports.models import ExportRecord, ExportStatus
 from exports.requests import ExportRequestError, export_request
 from tests.factories import ActivityEventFactory, MembershipFactory, UserFactory
 
-pytestmark = pytest.mark.django_db
+# Their workers run (their heartbeats beat): work goes to the broker as far as they could start it.
+pytestmark = [pytest.mark.django_db, pytest.mark.usefixtures("beating_workers")]
 
 MARCH_1 = dt.date(2026, 3, 1)
 MARCH_31 = dt.date(2026, 3, 31)

@@ -15,7 +15,8 @@ from scheduling.models import Outcome
 from scheduling.runtime import execute
 from tests.exports.support import RANGE, add_events, attempts, object_key, runs, stored_files
 
-pytestmark = pytest.mark.django_db
+# Their workers run (their heartbeats beat): work goes to the broker as far as they could start it.
+pytestmark = [pytest.mark.django_db, pytest.mark.usefixtures("beating_workers")]
 
 
 def _log(record) -> list[str]:

@@ -19,7 +19,8 @@ from scheduling.runtime import enqueue, execute
 from scheduling.schedules import sync_schedules
 from tests.factories import MembershipFactory, UserFactory
 
-pytestmark = pytest.mark.django_db(transaction=True)
+# Their workers run (their heartbeats beat): work goes to the broker as far as they could start it.
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("beating_workers")]
 
 
 def _sent() -> int:

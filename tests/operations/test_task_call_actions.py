@@ -19,7 +19,8 @@ from tasks.operations import call_cancel, call_retry
 from tests.factories import MembershipFactory, UserFactory
 from tests.tasks import functions as f
 
-pytestmark = pytest.mark.django_db
+# Their workers run (their heartbeats beat): work goes to the broker as far as they could start it.
+pytestmark = [pytest.mark.django_db, pytest.mark.usefixtures("beating_workers")]
 
 SYSTEM = {"default": {"BACKEND": "tasks.backend.FairshareBackend", "QUEUES": ["default", "exports"],
                       "OPTIONS": {"SYSTEM_TASKS": ["tests.tasks.functions.system_chore"]}}}

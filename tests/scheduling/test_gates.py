@@ -18,7 +18,8 @@ from scheduling.models import DeferReason, DeferredTask
 from scheduling.runtime import enqueue, enqueue_many
 from tests.conftest import REPO, worker_env
 
-pytestmark = pytest.mark.django_db
+# Their workers run (their heartbeats beat): work goes to the broker as far as they could start it.
+pytestmark = [pytest.mark.django_db, pytest.mark.usefixtures("beating_workers")]
 
 calls: list[tuple] = []
 

@@ -13,7 +13,8 @@ from scheduling.holding import release_due
 from scheduling.models import DeferReason, DeferredTask, Outcome, TaskRun
 from scheduling.runtime import enqueue, enqueue_many, execute
 
-pytestmark = pytest.mark.django_db
+# Their workers run (their heartbeats beat): work goes to the broker as far as they could start it.
+pytestmark = [pytest.mark.django_db, pytest.mark.usefixtures("beating_workers")]
 
 
 def test_work_enqueued_to_run_later_waits_scheduled_until_then_and_then_goes(

@@ -24,7 +24,8 @@ from tests.factories import AccountFactory
 from tests.tasks import functions as f
 from tests.tasks.conftest import nothing_stored
 
-pytestmark = pytest.mark.django_db
+# Their workers run (their heartbeats beat): work goes to the broker as far as they could start it.
+pytestmark = [pytest.mark.django_db, pytest.mark.usefixtures("beating_workers")]
 
 TASKS = {"default": {"BACKEND": "tasks.backend.FairshareBackend", "QUEUES": ["default", "exports"],
                      "OPTIONS": {"SYSTEM_TASKS": ["tests.tasks.functions.system_chore"]}}}

@@ -17,7 +17,8 @@ from tasks.models import TaskCall
 from tests.tasks import functions as f
 from tests.tasks.conftest import envelope, run_here
 
-pytestmark = pytest.mark.django_db(transaction=True)
+# Their workers run (their heartbeats beat): work goes to the broker as far as they could start it.
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("beating_workers")]
 
 
 @pytest.fixture

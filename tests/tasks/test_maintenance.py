@@ -17,7 +17,8 @@ from tasks.maintenance import prune_results, reconcile_calls
 from tasks.models import TaskCall
 from tests.tasks import functions as f
 
-pytestmark = pytest.mark.django_db
+# Their workers run (their heartbeats beat): work goes to the broker as far as they could start it.
+pytestmark = [pytest.mark.django_db, pytest.mark.usefixtures("beating_workers")]
 
 
 def claimed_by_a_run_that(result, outcome: str) -> TaskCall:

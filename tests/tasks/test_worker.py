@@ -26,7 +26,8 @@ from tasks.models import TaskCall
 from tests.conftest import wait_for
 from tests.tasks import functions as f
 
-pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.processes]
+# Work is sent as in production with workers beating before it (their pulses may not have beaten yet).
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.processes, pytest.mark.usefixtures("beating_workers")]
 
 # Recovery in seconds instead of minutes (a dead worker's reservation expires after 2 s), and a
 # fast pulse for released held work.
