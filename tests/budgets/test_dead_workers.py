@@ -16,7 +16,7 @@ from scheduling.services import task_run_new
 from tests.budgets.test_admission import meter, usage
 from tests.budgets.test_claims import budget, run
 
-pytestmark = pytest.mark.django_db
+pytestmark = [pytest.mark.django_db, pytest.mark.usefixtures("beating_workers")]
 
 
 def in_flight_of(worker: str) -> list:

@@ -7,7 +7,7 @@ import pytest
 from django_q.models import OrmQ
 
 from budgets.admission import admit
-from budgets.handoff import pull
+from budgets.handoff import fetch_next
 from budgets.models import Budget
 from scheduling.envelope import Envelope
 from scheduling.models import DeferReason, DeferredTask, Outcome, TaskRun, WorkerHeartbeat
@@ -50,10 +50,10 @@ def test_a_flood_sends_only_what_the_idle_workers_can_start_and_the_rest_goes_in
     # Once the broker's jobs started, the workers' loops take the lines' work in the fair order:
     # the account with fewer slots in use first, and in an account's line its highest priority first.
     assert start(other_account, "x") and start(account, "f0") and start(account, "f1")
-    assert pull(queue="default", worker="w1").envelope.ref == "y"
-    assert pull(queue="default", worker="w2").envelope.ref == "z"  # 2 slots each: the line waiting longest
-    assert pull(queue="default", worker="w3").envelope.ref == "urgent"  # ahead of the older "f2"
-    assert pull(queue="default", worker="w4").envelope.ref == "f2"
+    assert fetch_next(queue="default", worker="w1").envelope.ref == "y"
+    assert fetch_next(queue="default", worker="w2").envelope.ref == "z"  # 2 slots each: the line waiting longest
+    assert fetch_next(queue="default", worker="w3").envelope.ref == "urgent"  # ahead of the older "f2"
+    assert fetch_next(queue="default", worker="w4").envelope.ref == "f2"
 
 
 @pytest.mark.django_db

@@ -29,7 +29,7 @@ def _ready_and_unacked(queue: str) -> int:
         connection.close()
 
 
-def test_jobs_run_through_rabbitmq_and_are_acknowledged(rabbitmq, account, start_cluster):
+def test_jobs_run_through_rabbitmq_and_are_acknowledged(rabbitmq, account, beating_workers, start_cluster):
     broker = get_broker("default")
     assert isinstance(broker, RabbitMQ)
     sent = [enqueue(job="tests.noop", account=account.pk, ref=f"0/{i}") for i in range(20)]
@@ -102,7 +102,7 @@ def test_publish_is_persistent_to_a_durable_quorum_queue(rabbitmq):
     connection.close()
 
 
-def test_metrics_healthz_and_the_dashboard_read_the_rabbitmq_queues(rabbitmq, account):
+def test_metrics_healthz_and_the_dashboard_read_the_rabbitmq_queues(rabbitmq, account, beating_workers):
     """The queue figures (/metrics, /healthz, the dashboard's queue panel: scheduling.liveness) on RabbitMQ."""
     from django.test import Client
 

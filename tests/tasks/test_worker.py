@@ -82,7 +82,9 @@ def test_a_call_goes_ready_running_successful_with_its_return_value(account, bud
     finished(answer, cluster)
     assert (slow.status, slow.return_value, answer.return_value) == (TaskResultStatus.SUCCESSFUL, 1.5, 42)
     assert slow.enqueued_at <= slow.started_at <= slow.finished_at and slow.errors == []
-    run = TaskRun.objects.get(ref=slow.id)
+    # The run is recorded just after the call's result (the chain's end, after the handler returned).
+    run = wait_for(lambda: TaskRun.objects.filter(ref=slow.id).exclude(outcome=Outcome.RUNNING).first(),
+                   timeout=WAIT_S, message="the call's run to be recorded")
     assert (run.job, run.account_id, run.outcome, run.worker) == (
         "tasks.run.default", account.pk, Outcome.SUCCEEDED, slow.worker_ids[0])
     # Read back from any process, by id; an id that names no call names no result.
