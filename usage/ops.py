@@ -5,20 +5,12 @@ from django.db import connection
 from prometheus_client.core import GaugeMetricFamily
 
 from scheduling import monitoring
-from usage.models import UsageEvent
-
-# The outbox's extent and its oldest row: three probes of the primary key's index, whatever the
-# outbox holds (a count would read every row, and the outbox grows while the log is down). The
-# relay deletes in id order, so the span is the count but for ids of rolled-back transactions.
-LAG = (f"SELECT COALESCE(max(id) - min(id) + 1, 0) AS events, "
-       f"COALESCE(EXTRACT(EPOCH FROM now() - (SELECT created_at FROM {UsageEvent._meta.db_table} ORDER BY id LIMIT 1)), 0) "
-       f"AS seconds FROM {UsageEvent._meta.db_table}")
-
+from usage.relay import QUERIES
 
 def relay_lag() -> tuple[int, float]:
     """(events waiting for the relay, age in seconds of the oldest)."""
     with connection.cursor() as cursor:
-        cursor.execute(LAG)
+        cursor.execute(QUERIES["lag"])
         events, seconds = cursor.fetchone()
     return int(events), max(0.0, float(seconds))
 

@@ -10,39 +10,34 @@ import contextlib
 import logging
 import time
 from dataclasses import dataclass
+from pathlib import Path
 
 from django.conf import settings
 from django.db import DatabaseError, connection
 
+from scheduling import db
 from scheduling.faults import fault_point
-from usage.models import UsageEvent
 from usage.sinks import OutgoingEvent, Sink, SinkUnavailable
 
 log = logging.getLogger(__name__)
 
 # pg_advisory_lock's key for "the relay runs": any constant no other lock of this database uses.
 RELAY_LOCK = 0x75736167  # "usag"
-TABLE = UsageEvent._meta.db_table
-
-# The oldest rows, by id (the primary key's index, read no further than the batch). body::text is
-# the JSON as stored, sent as it is: no parse and dump per event.
-OLDEST = f"SELECT id, event_id::text, subject, body::text FROM {TABLE} ORDER BY id LIMIT %(batch)s"
-# What the log acknowledged, by primary key.
-DELETE = f"DELETE FROM {TABLE} WHERE id = ANY(%(ids)s)"
+QUERIES = db.load_queries(Path(__file__).with_name("queries.sql"))
 
 
 def relay_once(sink: Sink, *, batch: int | None = None) -> int:
     """Publish the oldest committed outbox rows and delete them; returns how many. Raises
     SinkUnavailable (nothing deleted) when the log did not take them."""
     with connection.cursor() as cursor:
-        cursor.execute(OLDEST, {"batch": batch or settings.FAIRSHARE["USAGE_RELAY_BATCH"]})
+        cursor.execute(QUERIES["oldest"], {"batch": batch or settings.FAIRSHARE["USAGE_RELAY_BATCH"]})
         rows = cursor.fetchall()
     if not rows:
         return 0
     sink.publish([OutgoingEvent(event_id, subject, body.encode()) for _, event_id, subject, body in rows])
     fault_point("usage_after_publish")
     with connection.cursor() as cursor:
-        cursor.execute(DELETE, {"ids": [row[0] for row in rows]})
+        cursor.execute(QUERIES["delete"], {"ids": [row[0] for row in rows]})
     return len(rows)
 
 
