@@ -16,11 +16,10 @@ from pathlib import Path
 
 import django
 
-import dj_database_url
 from django.core.exceptions import ImproperlyConfigured
 
 from budgets import conf as budgets_conf
-from config import demo_env, env
+from config import database, demo_env, env
 from exports import conf as exports_conf
 from scheduling import conf as scheduling_conf
 from scheduling import testing
@@ -115,43 +114,9 @@ TEMPLATES = [
     },
 ]
 
-# --- Database -------------------------------------------------------------------------------
-DATABASES = {
-    # Persistent connections, checked before reuse: django-q2 calls close_old_connections() around
-    # every task in every worker and in the monitor, which with CONN_MAX_AGE = 0 means a new
-    # database connection per task; the health check also replaces a connection that died while
-    # idle before a task uses it.
-    "default": dj_database_url.parse(
-        env.DATABASE_URL.read(), conn_max_age=env.DB_CONN_MAX_AGE.read(), conn_health_checks=True,
-    ) if env.DATABASE_URL.read() else {},
-}
-# PostgreSQL only: the ledger, the broker's claims and the exports' COPY are PostgreSQL statements.
-# Refused here, before any command runs, rather than failing later in the first query.
-if DATABASES["default"].get("ENGINE") != "django.db.backends.postgresql":
-    _scheme = env.DATABASE_URL.read().partition(":")[0]
-    raise ImproperlyConfigured(
-        f"DATABASE_URL must be a PostgreSQL URL (postgres://USER[:PASSWORD]@HOST:PORT/NAME); it is "
-        f"{_scheme + ': Fairshare runs on PostgreSQL only' if _scheme else 'not set'}. Beside a running "
-        f"scripts/demo, commands find its embedded PostgreSQL in {VAR_DIR / demo_env.FILE_NAME}."
-    )
-# What one PostgreSQL session may hold, and for how long (config/env.py; system check
-# scheduling.E008 keeps them in order): the server itself ends a frozen process's transaction and
-# frees its row locks, whatever that process does. Every connection gets them (web, workers, an
-# export's COPY reader, management commands); 0 leaves the server's or the role's value (behind a
-# pooler that refuses startup options, set them on the role instead: docs/deploy.md).
-DATABASE_SESSION_TIMEOUTS_S = {
-    "idle_in_transaction_session_timeout": env.DB_IDLE_IN_TRANSACTION_TIMEOUT.read(),
-    "lock_timeout": env.DB_LOCK_TIMEOUT.read(),
-    "statement_timeout": env.DB_STATEMENT_TIMEOUT.read(),
-}
-_options = DATABASES["default"].setdefault("OPTIONS", {})
-_options["options"] = " ".join(filter(None, [_options.get("options", ""), *(
-    f"-c {name}={seconds}s" for name, seconds in DATABASE_SESSION_TIMEOUTS_S.items() if seconds)]))
-# The usage log (docs/usage-log.md): its triggers write events only on the connections of a process
-# that has FAIRSHARE_USAGE_NATS_URL (one setting of the session, read by the triggers), so without
-# it nothing is written and no outbox grows.
-if usage_conf.NATS_URL.read():
-    _options["options"] = " ".join(filter(None, [_options["options"], f"-c {usage_conf.EVENTS_GUC}=1"]))
+# --- Database (config/database.py) --------------------------------------------------------
+DATABASE_SESSION_TIMEOUTS_S = database.session_timeouts()
+DATABASES = database.databases(var_dir=VAR_DIR, timeouts=DATABASE_SESSION_TIMEOUTS_S)
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
 AUTH_PASSWORD_VALIDATORS = [
