@@ -156,10 +156,20 @@ ensure_venv() {
   hash -r
 }
 
-# True if something accepts TCP connections on HOST PORT (used only when
-# pg_isready is not installed).
+# True if something accepts TCP connections on HOST PORT.
 _tcp_open() {
   (exec 3<>"/dev/tcp/$1/$2") >/dev/null 2>&1
+}
+
+# _await_port PORT SECONDS: polls 127.0.0.1:PORT every 0.25 s until something accepts connections
+# (true) or SECONDS have passed (false): a server just started.
+_await_port() {
+  local i
+  for ((i = 0; i < $2 * 4; i++)); do
+    _tcp_open 127.0.0.1 "$1" && return 0
+    sleep 0.25
+  done
+  _tcp_open 127.0.0.1 "$1"
 }
 
 _pg_ready_local() {
@@ -348,11 +358,7 @@ ensure_rabbitmq() {
     if command -v rabbitmq-server >/dev/null 2>&1; then
       log "RabbitMQ not answering on 127.0.0.1:5672; starting rabbitmq-server -detached"
       rabbitmq-server -detached >/dev/null 2>&1 || true
-      local i
-      for ((i = 0; i < 60; i++)); do  # an Erlang node takes a few seconds to boot
-        _tcp_open 127.0.0.1 5672 && break
-        sleep 0.5
-      done
+      _await_port 5672 30 || true  # an Erlang node takes a few seconds to boot
     fi
   fi
   if _tcp_open 127.0.0.1 5672; then
@@ -388,11 +394,7 @@ ensure_nats() {
       nats-server -js -a 127.0.0.1 -p 4222 -sd "$store" >"$store/nats-server.log" 2>&1 &
       FAIRSHARE_NATS_PID=$!
       on_exit 'kill "$FAIRSHARE_NATS_PID" 2>/dev/null || true'
-      local i
-      for ((i = 0; i < 40; i++)); do
-        _tcp_open 127.0.0.1 4222 && break
-        sleep 0.25
-      done
+      _await_port 4222 10 || true
     fi
   fi
   if _tcp_open 127.0.0.1 4222; then
@@ -436,12 +438,7 @@ ensure_s3() {
   moto_server -H 127.0.0.1 -p "$port" >"${TMPDIR:-/tmp}/fairshare-moto-$port.log" 2>&1 &
   FAIRSHARE_MOTO_PID=$!
   on_exit 'kill "$FAIRSHARE_MOTO_PID" 2>/dev/null || true'
-  local i
-  for ((i = 0; i < 40; i++)); do
-    _tcp_open 127.0.0.1 "$port" && break
-    sleep 0.25
-  done
-  if _tcp_open 127.0.0.1 "$port"; then
+  if _await_port "$port" 10; then
     export FAIRSHARE_TEST_S3_ENDPOINT_URL="http://127.0.0.1:$port"
     log "using FAIRSHARE_TEST_S3_ENDPOINT_URL=$FAIRSHARE_TEST_S3_ENDPOINT_URL (moto_server, pid $FAIRSHARE_MOTO_PID)"
   else
