@@ -123,7 +123,7 @@ def top_budgets(*, accounts: QuerySet[Account], superuser: bool, search: str, to
     # held work, never the held jobs), sorted for the top N.
     held = dict(((a, q), n) for a, q, n in Backlog.objects.filter(in_scope, held__gt=0).order_by("-held")
                 .values_list("account_id", "queue", "held")[:top])
-    # Today's CPU, most first: today's ledger rows (the `usageday_day` index; one per account and
+    # Today's CPU, most first: today's ledger rows (the `usageday_day_account_queue` index; one per account and
     # queue that ran today), sorted for the top N.
     spent = dict(((a, q), ms) for a, q, ms in UsageDay.objects.filter(in_scope, day=clock.budget_day(), cpu_used_ms__gt=0)
                  .order_by("-cpu_used_ms").values_list("account_id", "queue", "cpu_used_ms")[:top])

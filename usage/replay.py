@@ -89,7 +89,7 @@ def rebuild(events: Iterable[dict], *, first_day: dt.date | None, last_day: dt.d
 
 
 def ledger(*, first_day: dt.date, last_day: dt.date, account: int | None = None) -> dict[Key, Totals]:
-    """The ledger's rows of those days (index usageday_day)."""
+    """The ledger's rows of those days (index usageday_day_account_queue)."""
     rows = UsageDay.objects.filter(day__gte=first_day, day__lte=last_day)
     if account is not None:
         rows = rows.filter(account_id=account)

@@ -55,3 +55,27 @@ def test_a_run_recorded_by_a_statement_gets_every_column_the_model_has():
     assert len(inserts) == 4  # admit_at_once, activate, claim, settle
     for columns in inserts:
         assert needed <= {c.strip() for c in columns.split(",")}, needed - {c.strip() for c in columns.split(",")}
+
+
+def test_a_day_the_statistics_do_not_know_yet_reads_one_ledger_row_per_lookup():
+    """At a budget day's start the planner's statistics know none of its rows (until autovacuum
+    analyzes a table whose history is many days long), so a lookup of one account's row of the day
+    looks like one row by either index on the day: each must read one row (the day's index carries
+    the account and queue, budgets.models.UsageDay), never all of the day's rows — for every
+    settlement, and for each of 10,000 budgets a page shows."""
+    import datetime as dt
+
+    from budgets.models import Account, UsageDay
+
+    accounts = Account.objects.bulk_create([Account(slug=f"s{i}", name=f"s{i}") for i in range(2000)])
+    yesterday, today = dt.date(2026, 12, 4), dt.date(2026, 12, 5)
+    UsageDay.objects.bulk_create([UsageDay(account=a, queue="default", day=yesterday) for a in accounts])
+    with connection.cursor() as cursor:
+        cursor.execute("ANALYZE budgets_usageday")
+        UsageDay.objects.bulk_create([UsageDay(account=a, queue="default", day=today) for a in accounts])
+        cursor.execute("EXPLAIN (ANALYZE, FORMAT JSON) SELECT * FROM budgets_usageday "
+                       "WHERE account_id = %s AND queue = 'default' AND day = %s", [accounts[-1].pk, today])
+        (plan,) = cursor.fetchone()[0]
+    scan = plan["Plan"]
+    assert scan["Node Type"] == "Index Scan" and scan["Actual Rows"] == 1, scan
+    assert scan.get("Rows Removed by Filter", 0) == 0, scan
