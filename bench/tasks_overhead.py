@@ -192,7 +192,15 @@ def through_cluster(args, account_id: int) -> list[dict]:
     h.at_exit(tmp.cleanup)
     env = h.cluster_env(workers=args.workers, poll=args.poll, FAIRSHARE_EXPORTS_ROOT=str(Path(tmp.name) / "exports"))
     h.log(f"starting qcluster ({args.workers} workers, poll {args.poll}s); log {Path(tmp.name) / 'qcluster.log'}")
+    from django.utils import timezone
+
+    from scheduling import processes
+
+    since = timezone.now()
     cluster = h.start_cluster(env, Path(tmp.name) / "qcluster.log")
+    # Until its workers beat: before that none counts as running, and every job would wait in line
+    # (budgets.ledger.idle_workers), which a drained broker does not show.
+    processes.wait_ready([cluster], {"default": args.workers}, since=since)
     rounds = []
     try:
         for path in PATHS:  # warm-up (not measured): workers forked, modules imported

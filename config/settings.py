@@ -227,6 +227,9 @@ FAIRSHARE = {
     "TASK_MIDDLEWARE": [
         "scheduling.middleware.ContractMiddleware",
         "scheduling.middleware.RunRecordingMiddleware",
+        # A Django task call's claim and completion in the round trips of its run's admission and
+        # settlement (above the budget middleware, which sends them).
+        "tasks.execution.CallMiddleware",
         # Admission, CPU cap and settlement; it also holds work a pause covers (its admission reads
         # the pause with the account's standing), so scheduling.pausing.PauseMiddleware, for chains
         # without budgets, is not listed.

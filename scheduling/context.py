@@ -58,6 +58,10 @@ class TaskContext:
     # Whether the worker will run another claimed job after this one (its loop has room): a
     # middleware that frees a slot hands it on only then.
     may_run_next: Callable[[], bool] = _no_next_run
+    # What an app's middleware and its job's handler share about the run, under the app's name (the
+    # tasks app: its call's claim and completion, sent in the round trips of the admission and
+    # settlement); the kernel never looks into it.
+    state: dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)

@@ -14,6 +14,7 @@ import re
 import select
 import time
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -84,19 +85,96 @@ def load_queries(path: Path) -> dict[str, str]:
     return queries
 
 
+@dataclass(frozen=True)
+class _Along:
+    statement: str
+    params: Callable[[], Mapping[str, Any]]
+    then: Callable[[CursorWrapper], None]
+
+
+def send_along(statement: str, params: Callable[[], Mapping[str, Any]], *,
+               then: Callable[[CursorWrapper], None]) -> object:
+    """Send `statement` right after the next of Fairshare's own statements on this thread's
+    connection (`fetch_one`, `fetch_one_named`: the chain's admission or settlement), in its round
+    trip and its transaction: one round trip and one commit for both (psycopg's pipeline mode; in
+    autocommit the statements up to its one Sync are one implicit transaction, and an error in one
+    rolls both back). `params()` is called when it is sent (the next statement's caller may set
+    what it reads, a run's start time), `then(cursor)` once both are done, with its result. A
+    statement it must not follow may take it along: it must hold whatever it needs in its own SQL
+    (it does nothing when what it follows did not happen). `flush_along` sends what no statement
+    took, `withdraw_along` takes it back unsent (the handle this returns). Without prepared
+    statements (FAIRSHARE["PREPARED_STATEMENTS"] False) it is sent on its own, after the next one."""
+    along = _Along(statement, params, then)
+    connection = connections[DEFAULT_DB_ALIAS]
+    connection.fairshare_along = (*getattr(connection, "fairshare_along", ()), along)
+    return along
+
+
+def withdraw_along(along: object) -> bool:
+    """Take a statement `send_along` queued off the queue, unsent; False when it was sent."""
+    connection = connections[DEFAULT_DB_ALIAS]
+    pending = getattr(connection, "fairshare_along", ())
+    if not any(queued is along for queued in pending):
+        return False
+    connection.fairshare_along = tuple(a for a in pending if a is not along)
+    return True
+
+
+def flush_along() -> None:
+    """Send, on their own, the statements `send_along` queued that no statement took along."""
+    connection = connections[DEFAULT_DB_ALIAS]
+    while pending := getattr(connection, "fairshare_along", ()):
+        first, connection.fairshare_along = pending[0], pending[1:]
+        with cursor() as c:
+            c.execute(first.statement, first.params())
+            first.then(c)
+
+
+def _execute(statement: str, params: Mapping[str, Any], read: Callable[[CursorWrapper], T]) -> T:
+    """Run one of Fairshare's own statements, and what `send_along` queued after it (one pipeline)."""
+    connection = connections[DEFAULT_DB_ALIAS]
+    pending: tuple[_Along, ...] = tuple(getattr(connection, "fairshare_along", ()))
+    if not pending:
+        with cursor() as c:
+            c.execute(statement, params)
+            return read(c)
+    if not settings.FAIRSHARE["PREPARED_STATEMENTS"]:
+        with cursor() as c:
+            c.execute(statement, params)
+            result = read(c)
+        flush_along()
+        return result
+    with cursor() as c:
+        followers = [cursor() for _ in pending]
+        try:
+            with connection.wrap_database_errors, connection.connection.pipeline():
+                c.execute(statement, params)
+                for follower, along in zip(followers, pending):
+                    follower.execute(along.statement, along.params())
+            # Sent and committed (or in the caller's transaction): taken off the queue before their
+            # readers run, which may queue more.
+            connection.fairshare_along = getattr(connection, "fairshare_along", ())[len(pending):]
+            result = read(c)
+            for follower, along in zip(followers, pending):
+                along.then(follower)
+        finally:
+            for follower in followers:
+                follower.close()
+    return result
+
+
 def fetch_one(statement: str, params: Mapping[str, Any]) -> tuple | None:
     """Run one of Fairshare's own statements (prepared: `cursor`) and return its first row."""
-    with cursor() as c:
-        c.execute(statement, params)
-        return c.fetchone()
+    return _execute(statement, params, lambda c: c.fetchone())
 
 
 def fetch_one_named(statement: str, params: Mapping[str, Any]) -> dict[str, Any] | None:
     """`fetch_one`, the row read by column name (the statement names each column it returns)."""
-    with cursor() as c:
-        c.execute(statement, params)
+    def read(c: CursorWrapper) -> dict[str, Any] | None:
         row = c.fetchone()
         return None if row is None else dict(zip([column.name for column in c.description], row))
+
+    return _execute(statement, params, read)
 
 
 # How recently a connection must have served a task for its quiet socket to be trusted: a

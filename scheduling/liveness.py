@@ -1,5 +1,5 @@
 """Is each queue doing its work? Read by /healthz and /metrics; how many workers run on a queue
-(`running_workers`) also by the enqueue check, which sends no more than they could start.
+(`heard_since`) also by the enqueue check, which sends no more than they could start.
 
 A worker's heartbeat is written by its pulse thread, which keeps running while the worker's main
 thread waits for work its pool no longer hands out (a killed worker does not do that any more,
@@ -72,13 +72,13 @@ def live_since(now: dt.datetime) -> dt.datetime:
     return now - dt.timedelta(seconds=2 * options["WORKER_HEARTBEAT_S"] + options["RELEASE_POLL_S"])
 
 
-def running_workers(*, queue: str) -> int | None:
-    """How many worker processes of `queue` run now, by their heartbeats (`live_since`); None when
-    workers run no pulse (FAIRSHARE["RELEASE_POLL_S"] 0: no heartbeat says anything). Reads the
-    heartbeats, one row per worker process."""
+def heard_since() -> dt.datetime | None:
+    """The heartbeats that count a queue's running workers (`live_since` now; the enqueue check's
+    question, budgets.ledger.idle_workers, which counts them); None when workers run no pulse
+    (FAIRSHARE["RELEASE_POLL_S"] 0: no heartbeat says anything)."""
     if settings.FAIRSHARE["RELEASE_POLL_S"] <= 0:
         return None
-    return WorkerHeartbeat.objects.filter(queue=queue, seen_at__gte=live_since(timezone.now())).count()
+    return live_since(timezone.now())
 
 
 def _live_workers() -> dict[str, list[LiveWorker]]:

@@ -155,6 +155,14 @@ def task_run_recorded(run: TaskRun, *, outcome: str | None) -> None:
         run.outcome = outcome
 
 
+def task_run_amend_outcome(*, run: TaskRun, outcome: str) -> None:
+    """A run recorded as ended (`task_run_recorded`) ended otherwise after all: the middleware that
+    recorded it did so in the same transaction as its handler's last write, whose verdict it did
+    not know yet (tasks.execution.CallMiddleware)."""
+    TaskRun.objects.filter(pk=run.pk).update(outcome=outcome)
+    run.outcome = outcome
+
+
 def task_run_mark_lost(*, run_id: int, cpu_ms: int, reason: str) -> bool:
     """A run still recorded as running whose worker is gone: lost, with the CPU it had reported."""
     return TaskRun.objects.filter(pk=run_id, outcome=Outcome.RUNNING).update(

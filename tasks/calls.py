@@ -2,7 +2,8 @@
 exports/leases.py). Each transition is one guarded UPDATE whose `== 1` is the verdict.
 
     READY ──claim──▶ RUNNING ──complete──▶ SUCCESSFUL
-      ▲  ◀─fail (will retry)─┤ ──fail (final)──▶ FAILED ◀──give_up── READY (after a retry was refused)
+      ▲  ◀─unclaim (admitted, not run)┤
+      │  ◀─fail (will retry)─┤ ──fail (final)──▶ FAILED ◀──give_up── READY (after a retry was refused)
       │  ◀─give_back (cap)───┤ ──lost (no attempt left)──▶ FAILED
       │  ◀─lost (attempt left)┘
       ├──cancel──▶ FAILED
@@ -12,8 +13,11 @@ The fence is the call's `run`: a claim makes the claiming run's TaskRun the call
 write of a run is guarded by it, so a run that lost its call (its worker froze, the reconciler
 gave the call to another run) writes nothing. Transitions that write what they read (the errors)
 compare and swap on the status and that same field. The claim and the completion, which every
-call pays for, are hand-written statements (tasks/statements.py).
+call pays for, are hand-written statements (tasks/statements.py), which a worker sends in the round
+trips and transactions of its run's admission and settlement when it can (`claim_along`,
+`complete_along`: tasks.execution.CallMiddleware).
 """
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from django.db.models import F
@@ -27,10 +31,12 @@ from tasks.models import TaskCall
 
 @dataclass(frozen=True)
 class Claimed:
-    """A call claimed by a run: the row as the claim left it."""
+    """A call claimed by a run: the row as the claim left it (and, claimed along with the run's
+    admission, what the claim changed as it was: `unclaim`)."""
 
     call: TaskCall
     run_id: int
+    prior: statements.Prior | None = None
 
 
 def claim(*, call_id, worker: str, run_id: int) -> Claimed | None:
@@ -46,6 +52,26 @@ def claim(*, call_id, worker: str, run_id: int) -> Claimed | None:
         error = payload.recorded_error(OutOfAttempts, f"a message arrived after all {spent.attempt_limit} attempts")
         _swap(spent, status=Status.FAILED, errors=[*spent.errors, error], finished_at=timezone.now())
     return None
+
+
+def claim_along(*, call_id, worker: str, run, then: Callable[[Claimed | None], None]) -> object:
+    """READY -> RUNNING as `claim`, for the run `run` the next of Fairshare's statements on this
+    connection records as started (its admission): in that statement's round trip and transaction
+    (tasks/statements.py `claim_along`). `then` gets the claim, or None when that statement
+    recorded no such run or the call was not READY with an attempt left (then `claim` decides).
+    Returns its place in the queue, to take it back unsent (scheduling.db.withdraw_along)."""
+    return statements.claim_along(call_id=call_id, worker=worker, run=run, then=lambda call, prior: then(
+        None if call is None else Claimed(call=call, run_id=call.run_id, prior=prior)))
+
+
+def unclaim(claimed: Claimed) -> bool:
+    """RUNNING -> READY as the claim along with the admission found it (its attempt, workers, times
+    and run as they were): the run was admitted but did not run the call (its admission found a
+    pause, or its start failed), which must stay READY as for a run refused or held."""
+    prior = claimed.prior
+    workers = "".join(claimed.call.workers.splitlines(keepends=True)[:-1])
+    return _of_run(claimed, status=Status.READY, attempt_count=claimed.call.attempt_count - 1, workers=workers,
+                   run_id=prior.run_id, started_at=prior.started_at, last_attempted_at=prior.last_attempted_at)
 
 
 def _swap(call: TaskCall, **values) -> bool:
@@ -74,6 +100,19 @@ def complete(claimed: Claimed, *, value) -> bool:
         return False
     claimed.call.status, claimed.call.return_value, claimed.call.finished_at = Status.SUCCESSFUL, value, now
     return True
+
+
+def complete_along(claimed: Claimed, *, value, then: Callable[[bool], None]) -> None:
+    """`complete`, in the round trip and transaction of the next of Fairshare's statements on this
+    connection (the run's settlement); `then(completed)` once that is committed."""
+    now = timezone.now()
+
+    def verdict(completed: bool) -> None:
+        if completed:
+            claimed.call.status, claimed.call.return_value, claimed.call.finished_at = Status.SUCCESSFUL, value, now
+        then(completed)
+
+    statements.complete_along(call=claimed.call, run_id=claimed.run_id, value=value, now=now, then=verdict)
 
 
 def fail(claimed: Claimed, *, error: dict, final: bool) -> bool:

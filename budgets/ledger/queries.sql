@@ -296,6 +296,20 @@ SELECT cpu_charged_ms FROM s;
 -- release and pull): the queue's dispatched slots sent in the broker window (index reservation_age).
 SELECT waiting FROM fairshare_broker_waiting(%(queue)s, %(broker_since)s, %(broker_forgets)s);
 
+-- name: idle_workers
+-- How many more jobs the queue's workers could start now (every enqueue, per job or per batch):
+-- its running workers (heartbeats seen since %(live_since)s: scheduling.liveness.live_since) less
+-- its slots taken (dispatched or active: not reclaimed). One round trip for the two counts. Reads
+-- the queue's live heartbeats (index heartbeat_live: a dead or recycled worker's row, kept for days
+-- until the prune, is never read) and the queue's slots in flight (index reservation_in_flight,
+-- whose leading expression `NOT (status = 'reclaimed')` is written here as the index names it: the
+-- slots of the other queue and those reclaimed are not read). Bounded by the workers and the slots
+-- taken, never by history.
+SELECT GREATEST(0,
+         (SELECT count(*) FROM scheduling_workerheartbeat h WHERE h.queue = %(queue)s AND h.seen_at >= %(live_since)s)
+       - (SELECT count(*) FROM budgets_reservation r
+           WHERE (NOT (r.status = 'reclaimed')) AND r.queue = %(queue)s)) AS idle;
+
 -- name: ready_accounts
 -- Accounts whose line on the queue could go now and that have a free slot, in fair order: fewest
 -- slots in use for their weight first, then the one whose first held job has waited longest in

@@ -7,8 +7,9 @@ Cost, as held jobs and accounts grow: the lock and the standing read one account
 (job, ref); a rate limit's window at most the limit's count of TaskRun index entries); the fair
 order the Backlog rows of the accounts whose line could go now (index backlog_ready), never the
 held jobs; `broker_waiting` the slots sent in its window (index reservation_age); `idle_workers`
-the queue's worker heartbeats and slots taken (one row per worker process; the slots taken,
-bounded by the accounts' caps: the table holds no others). Their statements
+the queue's live worker heartbeats and its slots taken (indexes heartbeat_live and
+reservation_in_flight: neither the heartbeats of workers gone nor the slots reclaimed or of the
+other queue). Their statements
 are budgets/ledger/queries.sql's (`QUERIES`, every ledger module's), EXPLAINed in
 tests/scheduling/test_held_work_cost.py.
 """
@@ -22,7 +23,7 @@ from budgets.ledger.values import Ready
 from budgets.models import Queue, Reservation, ReservationStatus, UsageDay
 from budgets.standing import Standing
 from scheduling import clock, db
-from scheduling.liveness import running_workers
+from scheduling.liveness import heard_since
 
 QUERIES = db.load_queries(Path(__file__).with_name("queries.sql"))
 IN_FLIGHT = (ReservationStatus.DISPATCHED, ReservationStatus.ACTIVE)
@@ -104,12 +105,13 @@ def broker_waiting(*, queue: str) -> bool:
 
 
 def idle_workers(*, queue: str) -> int | None:
-    """How many more jobs the queue's workers could start now: its running workers
-    (scheduling.liveness.running_workers) less its slots taken (dispatched: on their way to a
-    worker or claimed by one; active: running). What may go to the broker at most, so that what it
-    holds stays as short as the number of workers and the rest waits in line in the fair order.
-    None when workers run no pulse (nothing to count them by): then no such bound."""
-    running = running_workers(queue=queue)
-    if running is None:
+    """How many more jobs the queue's workers could start now: its running workers (by their
+    heartbeats: scheduling.liveness.heard_since) less its slots taken (dispatched: on their way to
+    a worker or claimed by one; active: running), in one statement (queries.sql `idle_workers`).
+    What may go to the broker at most, so that what it holds stays as short as the number of
+    workers and the rest waits in line in the fair order. None when workers run no pulse (nothing
+    to count them by): then no such bound."""
+    since = heard_since()
+    if since is None:
         return None
-    return max(0, running - Reservation.objects.filter(queue=queue, status__in=IN_FLIGHT).count())
+    return db.fetch_one(QUERIES["idle_workers"], {"queue": queue, "live_since": since})[0]

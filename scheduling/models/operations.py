@@ -14,6 +14,12 @@ class WorkerHeartbeat(models.Model):
         null=True, blank=True,
         help_text="Since when this idle worker has seen work wait in its pool that no worker takes (scheduling.stuck)")
 
+    class Meta:
+        # The enqueue check's question, every enqueue: how many workers of the queue run now (their
+        # heartbeats since scheduling.liveness.heard_since)? The rows of workers gone (a recycled
+        # worker process is a new one) stay until the prune, days later: read none of them.
+        indexes = [models.Index(fields=["queue", "seen_at"], name="heartbeat_live")]
+
     def __str__(self) -> str:
         return f"{self.worker} ({self.queue})"
 

@@ -1,18 +1,26 @@
 """The ledger's statements as budgets/ledger/queries.sql keeps them (scheduling.db.load_queries):
 whole, named, within psycopg's conversion cache, their shared rules inlined by PostgreSQL, and
 their writes of the kernel's run record naming every column it needs."""
+import datetime as dt
 import re
 
 import pytest
 from django.db import connection
+from django.utils import timezone
 
+from budgets import clock, ledger
 from budgets.ledger.reads import QUERIES
-from scheduling.models import TaskRun
+from budgets.models import Reservation, ReservationStatus
+from scheduling.envelope import Envelope
+from scheduling.liveness import heard_since
+from scheduling.models import TaskRun, WorkerHeartbeat
+from tests.scheduling.test_held_work_cost import generic_rows_read, rows_read
 
 pytestmark = pytest.mark.django_db
 
 NAMES = {"lock", "standing", "dispatch_or_hold", "admit_at_once", "activate", "claim", "start_admitted",
-         "reserve_more", "grow", "unadmit", "reclaim", "revive", "broker_waiting", "ready_accounts", "settle"}
+         "reserve_more", "grow", "unadmit", "reclaim", "revive", "broker_waiting", "idle_workers", "ready_accounts",
+         "settle"}
 
 
 def test_each_transition_is_one_named_statement_converted_once_per_process():
@@ -79,3 +87,41 @@ def test_a_day_the_statistics_do_not_know_yet_reads_one_ledger_row_per_lookup():
     scan = plan["Plan"]
     assert scan["Node Type"] == "Index Scan" and scan["Actual Rows"] == 1, scan
     assert scan.get("Rows Removed by Filter", 0) == 0, scan
+
+
+HISTORY = 100_000
+
+
+def test_the_enqueue_checks_count_of_idle_workers_reads_the_live_workers_and_the_slots_taken_not_history(account):
+    """`idle_workers` (every enqueue): 100,000 heartbeats of workers gone (recycled processes, kept
+    until the prune) and 100,000 slots that are not the queue's in flight (the other queue's,
+    reclaimed ones) beside 3 live workers and 2 slots taken. Its one statement reads those 3 and 2
+    index entries (heartbeat_live, reservation_in_flight), in the plan for its values and in the
+    generic plan a prepared statement settles on."""
+    now = timezone.now()
+    with connection.cursor() as cursor:
+        cursor.execute(
+            f"INSERT INTO {WorkerHeartbeat._meta.db_table} (worker, queue, seen_at) "
+            "SELECT 'gone:' || i, CASE WHEN i %% 2 = 0 THEN 'default' ELSE 'exports' END, %s - i * interval '1 second' "
+            "FROM generate_series(1, %s) AS i", [now - dt.timedelta(hours=1), HISTORY])
+        cursor.execute(
+            f"INSERT INTO {Reservation._meta.db_table} (account_id, queue, day, job, ref, worker, status, "
+            "cpu_reserved_ms, cpu_reported_ms, cpu_charged_ms, created_at, lease_expires_at) "
+            "SELECT %s, CASE WHEN i %% 2 = 0 THEN 'exports' ELSE 'default' END, %s, 'tests.noop', 'old-' || i, 'w', "
+            "CASE WHEN i %% 2 = 0 THEN 'active' ELSE 'reclaimed' END, 0, 0, 0, %s, %s "
+            "FROM generate_series(1, %s) AS i", [account.pk, clock.budget_day(), now, now, HISTORY])
+    WorkerHeartbeat.objects.bulk_create([WorkerHeartbeat(worker=f"live:{i}", queue="default", seen_at=now)
+                                         for i in range(3)])
+    for ref in ("taken-1", "taken-2"):
+        ledger.dispatch(envelope=Envelope(job="tests.noop", account=account.pk, ref=ref), queue="default",
+                        day=clock.budget_day())
+    with connection.cursor() as cursor:
+        cursor.execute("ANALYZE")
+    assert Reservation.objects.filter(status=ReservationStatus.DISPATCHED).count() == 2
+
+    assert ledger.idle_workers(queue="default") == 1
+    params = {"queue": "default", "live_since": heard_since()}
+    tables = (WorkerHeartbeat._meta.db_table, Reservation._meta.db_table)
+    for plan, read in (("custom", rows_read(QUERIES["idle_workers"], params, tables)),
+                       ("generic", generic_rows_read(QUERIES["idle_workers"], params, tables))):
+        assert read == {WorkerHeartbeat._meta.db_table: 3, Reservation._meta.db_table: 2}, (plan, read)

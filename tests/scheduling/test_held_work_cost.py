@@ -10,6 +10,7 @@ third of the table, and a statement whose generic plan looks dear is planned ane
 import datetime as dt
 import json
 import re
+import uuid
 
 import pytest
 from django.db import connection, transaction
@@ -60,7 +61,7 @@ def _pg_type(value) -> str:
     if value is None:
         return "unknown"  # PREPARE infers it from where the statement uses it
     for kind, name in ((bool, "boolean"), (int, "bigint"), (float, "float8"), (dt.datetime, "timestamptz"),
-                       (dt.date, "date")):
+                       (dt.date, "date"), (uuid.UUID, "uuid")):
         if isinstance(value, kind):
             return name
     return "text"

@@ -106,6 +106,15 @@ def sleep_on_first_attempt(context: TaskContext, seconds: float) -> str:
     return f"attempt {context.attempt}"
 
 
+@task(takes_context=True)
+def superseded(context: TaskContext) -> str:
+    """As if the reconciler gave the call to another run while this one ran (it thought it lost)."""
+    from tasks.models import TaskCall
+
+    TaskCall.objects.filter(pk=context.task_result.id).update(run=None)
+    return "too late"
+
+
 @task(queue_name="exports")
 def on_exports() -> str:
     return "exports"

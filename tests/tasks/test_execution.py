@@ -3,14 +3,17 @@
 each way a task can end, and the TaskRun that metered it. The same behaviours with real `qcluster`
 workers: test_worker.py."""
 import asyncio
+import contextlib
 
+import psycopg
 import pytest
 from django.db import connection
 from django.test import override_settings
 from django.test.utils import CaptureQueriesContext
 
 from budgets.models import Budget
-from scheduling.models import DeferReason, DeferredTask, Outcome, TaskRun
+from scheduling.envelope import Envelope
+from scheduling.models import DeferReason, DeferredTask, Outcome, Pause, TaskRun
 from scheduling.runtime import enqueue, execute
 from tasks.compat import TaskResultStatus, default_task_backend, task_finished, task_started
 from tasks.models import TaskCall
@@ -155,18 +158,101 @@ def test_a_duplicate_delivery_runs_the_call_once(account, budget):
         Outcome.SKIPPED, Outcome.SUCCEEDED]
 
 
-def test_a_call_costs_two_statements_more_than_a_job_and_no_transaction(account, budget):
-    """Counts, not timings (bench/tasks_overhead.py has those): the claim and the completion,
-    beside the chain's own admission and settlement (2 statements for a job, tests/budgets/
-    test_lean_chain.py)."""
+def round_trips(run) -> list[list[str]]:
+    """The statements `run()` sends, grouped by round trip: each statement on its own, or those of
+    one pipeline (scheduling.db.send_along) together. In autocommit, with no COMMIT sent (no
+    transaction opened), each round trip is one transaction: its statements, up to its one Sync."""
+    sent: list[list[str]] = []
+    piped = [False]
+    pipeline = psycopg.Connection.pipeline
+
+    @contextlib.contextmanager
+    def counted(self):
+        with pipeline(self) as p:
+            sent.append([])
+            piped[0] = True
+            try:
+                yield p
+            finally:
+                piped[0] = False
+
+    def record(execute, sql, params, many, context):
+        (sent[-1] if piped[0] else sent.append([]) or sent[-1]).append(sql)
+        return execute(sql, params, many, context)
+
+    with pytest.MonkeyPatch.context() as patch, CaptureQueriesContext(connection) as queries:
+        patch.setattr(psycopg.Connection, "pipeline", counted)
+        with connection.execute_wrapper(record):
+            run()
+    assert not any(q["sql"].strip().upper() in {"BEGIN", "COMMIT"} for q in queries)
+    return sent
+
+
+def label(sql: str) -> str:
+    for part, name in (("DELETE FROM budgets_reservation", "settlement"), ("INSERT INTO scheduling_taskrun", "admission"),
+                       ("SET status = 'RUNNING'", "claim"), ("SET status = 'SUCCESSFUL'", "completion")):
+        if part in sql:
+            return name
+    return sql
+
+
+def test_a_call_costs_the_round_trips_and_transactions_of_a_job(account, budget):
+    """Counts, not timings (bench/tasks_overhead.py has those): the call's claim and completion, 2
+    statements, go in the round trips and transactions of the chain's admission and settlement (2
+    for a job, tests/budgets/test_lean_chain.py; before tasks.execution.CallMiddleware, 4 round
+    trips and 4 transactions a call)."""
     run_here(f.noop.enqueue(account=account))  # the day's first run creates its ledger row
     message = envelope(f.noop.enqueue(account=account))
-    with CaptureQueriesContext(connection) as queries:
-        execute(message)
-    statements = [q["sql"] for q in queries if q["sql"].strip().upper() not in {"BEGIN", "COMMIT", "ROLLBACK"}]
-    assert len(statements) == 4, statements
-    assert [s.split()[0] for s in statements if "tasks_taskcall" in s] == ["UPDATE", "UPDATE"]
-    assert not any(q["sql"].strip().upper() == "COMMIT" for q in queries)
+    sent = round_trips(lambda: execute(message))
+    assert [[label(s) for s in trip] for trip in sent] == [["admission", "claim"], ["settlement", "completion"]], sent
+    assert enqueue(job="tests.noop", account=account.pk, ref="a job") is not None
+    job = round_trips(lambda: execute(Envelope(job="tests.noop", account=account.pk, ref="a job").to_message()))
+    assert [len(trip) for trip in job] == [1, 1]
+
+
+def test_without_prepared_statements_the_claim_and_the_completion_go_on_their_own(account, budget, settings):
+    """FAIRSHARE["PREPARED_STATEMENTS"] False (a pooler that cannot keep them): no pipeline, each
+    statement its own round trip, the same result."""
+    settings.FAIRSHARE = {**settings.FAIRSHARE, "PREPARED_STATEMENTS": False}
+    run_here(f.noop.enqueue(account=account))
+    result = f.meaning_of_life.enqueue(account=account)
+    message = envelope(result)
+    sent = round_trips(lambda: execute(message))
+    assert [[label(s) for s in trip] for trip in sent] == [
+        ["admission"], ["claim"], ["settlement"], ["completion"]], sent
+    result.refresh()
+    assert (result.status, result.return_value, result.attempts) == (TaskResultStatus.SUCCESSFUL, 42, 1)
+
+
+def test_a_call_whose_admission_finds_a_pause_stays_ready_as_it_was(account, budget):
+    """Its claim went along with its admission, which admitted it and found the pause: given back
+    untouched (no attempt, worker or start time), held until the pause is lifted."""
+    result = f.echo.enqueue(account=account)
+    message = envelope(result)
+    Pause.objects.create(account=account, queue="default")
+    execute(message)
+    call = TaskCall.objects.get(pk=result.id)
+    assert (call.status, call.attempt_count, call.workers, call.started_at, call.last_attempted_at) == (
+        TaskResultStatus.READY, 0, "", None, None)
+    assert DeferredTask.objects.get(ref=result.id).reason == DeferReason.PAUSED
+    assert TaskRun.objects.get(ref=result.id).outcome == Outcome.DEFERRED
+
+
+def test_a_completion_the_run_no_longer_held_the_call_for_records_the_run_skipped(account, budget):
+    """The completion went along with the settlement, which recorded the run as it ended; the run
+    had lost its call meanwhile (the reconciler gave it to another run): the call is not completed
+    by it, no task_finished is sent, and the run is recorded skipped."""
+    seen = []
+    receiver = lambda sender, task_result, **kw: seen.append(task_result.id)  # noqa: E731
+    task_finished.connect(receiver)
+    try:
+        result = f.superseded.enqueue(account=account)
+        run_here(result)
+    finally:
+        task_finished.disconnect(receiver)
+    call = TaskCall.objects.get(pk=result.id)
+    assert (call.status, call.run_id) == (TaskResultStatus.RUNNING, None) and seen == []
+    assert TaskRun.objects.get(ref=result.id).outcome == Outcome.SKIPPED
 
 
 def test_an_enqueue_costs_one_statement_more_than_a_jobs(account, budget):
