@@ -1,14 +1,9 @@
-"""The enqueue-time check for a batch (`scheduling.runtime.enqueue_many`): a flood of one
-account's jobs is decided in one transaction per account instead of one check per job.
-
-Under the account's lock it sends as many as fit the account's free slots, the starts its rate
-limit has left and the queue's idle workers (budgets.ledger.idle_workers: what the broker holds
-stays as short as the workers that could start it; each dispatched, as
-budgets.admission.admit_at_enqueue would) when the account has budget left and nothing in line,
-and holds the rest with one insert, in order: the first for the reason it could not go, the
-others queued behind it. The busy workers' loops take them from the line in the fair order.
+"""The enqueue-time check for a batch (`scheduling.runtime.enqueue_many`): one transaction per
+account instead of one check per job. Under the account's lock it sends as many as fit its free
+slots, the starts its rate limit has left and the queue's idle workers (each dispatched, as
+budgets.admission.admit_at_enqueue would) when `refusal` lets the account's work go, and holds the
+rest in order: the first for the reason it could not go, the others queued behind it.
 """
-import datetime as dt
 import functools
 from collections import defaultdict
 from collections.abc import Callable
@@ -22,10 +17,13 @@ from budgets.admission import wake_when_committed
 from budgets import ledger
 from budgets.locks import locked_standing
 from budgets.models import UsageDay
-from budgets.standing import Standing
 from scheduling.envelope import Envelope
 from scheduling.holding import hold_many
 from scheduling.models import DeferReason
+
+
+# The reasons for which the batch's jobs held after the first wait queued behind it.
+BEHIND_THE_FIRST = (DeferReason.CONCURRENCY_CAP, DeferReason.RATE_LIMITED, DeferReason.WORKERS_BUSY)
 
 
 def admit_many_at_enqueue(*, envelopes: list[Envelope], queue: str) -> list[bool]:
@@ -62,19 +60,10 @@ def admit_many_at_enqueue(*, envelopes: list[Envelope], queue: str) -> list[bool
                 # `fits` took their slots (each on its way, for the rate limit as for the cap).
                 after = replace(state, in_flight=state.in_flight + fits)
                 reason, eligible_at = standing.refusal(after, now, line=True, workers_busy=busy(idle))
-                _hold(state, [envelopes[i] for i in wait], account_id=account_id, queue=queue, day=day, now=now,
-                      reason=reason, eligible_at=eligible_at)
+                behind = DeferReason.QUEUED_BEHIND if reason in BEHIND_THE_FIRST else reason
+                hold_many(envelopes=[envelopes[wait[0]]], queue=queue, reason=reason, eligible_at=eligible_at)
+                hold_many(envelopes=[envelopes[i] for i in wait[1:]], queue=queue, reason=behind, eligible_at=eligible_at)
+                wake_when_committed(account_id=account_id, queue=queue, reason=reason, eligible_at=eligible_at)
+                usage_id = ledger.usage_id(state, account_id=account_id, queue=queue, day=day)
+                UsageDay.objects.filter(pk=usage_id).update(deferrals=F("deferrals") + len(wait))
     return verdicts
-
-
-def _hold(state: Standing, envelopes: list[Envelope], *, account_id: int, queue: str, day: dt.date,
-          now: dt.datetime, reason: str, eligible_at: dt.datetime) -> None:
-    hold_many(envelopes=envelopes[:1], queue=queue, reason=reason, eligible_at=eligible_at)
-    if len(envelopes) > 1:
-        behind = DeferReason.QUEUED_BEHIND if reason in (DeferReason.CONCURRENCY_CAP, DeferReason.RATE_LIMITED,
-                                                         DeferReason.WORKERS_BUSY) \
-            else reason
-        hold_many(envelopes=envelopes[1:], queue=queue, reason=behind, eligible_at=eligible_at)
-    wake_when_committed(account_id=account_id, queue=queue, reason=reason, eligible_at=eligible_at)
-    usage_id = ledger.usage_id(state, account_id=account_id, queue=queue, day=day)
-    UsageDay.objects.filter(pk=usage_id).update(deferrals=F("deferrals") + len(envelopes))

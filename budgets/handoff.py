@@ -1,25 +1,15 @@
 """Where a freed slot goes: to the first job of its account's line, released to the broker
 (`release`), or, for work conservation, claimed for a free worker that runs it without a broker
-round trip.
-
-Two ways to claim, both deciding under the account's lock and both taking the job's slot in the
-same statement as the claim on the held row (budgets.ledger `claim_and_admit`, `claim_for`):
-- hand-off: a settlement that frees a slot gives it to the same account's first held job and
-  returns it to the settling worker (`claim_next`, called by budgets.settlement);
+round trip, under the account's lock, the job's slot taken in the claim's statement:
+- hand-off: a settlement that frees a slot gives it to the same account's first held job, claimed
+  for the settling worker (`claim_next`, called by budgets.settlement);
 - pull: a worker with nothing handed off claims another account's job into a free slot, in fair
-  order (`fetch_next`): accounts with the fewest slots in use for their weight first, then the one
-  waiting longest. A settlement that sees another account's line could go leaves its freed slot to
-  this order (its worker pulls) instead of handing it to its own account's next job.
-(A third, the pass-on, is the settlement's own statement: budgets.settlement.)
-
-The worker runs the claimed job at once (scheduling.runtime.execute); its admission was made ahead
-(it only starts: budgets.admission.start_admitted) or takes over the claimed slot. If the worker
-dies first, the claim and the slot expire together and the job is released again: nothing is
-lost, and a claimant that lost its claim does not run the job, so nothing runs twice.
-
-What these read as held jobs and accounts grow: the account's standing and the first rows of its
-line (O(log n)); a pull and the pulse's `release_due` the accounts whose line could go now
-(budgets.ledger `ready_accounts`), never the held jobs.
+  order (`fetch_next`). A settlement that sees another account's turn come first leaves its freed
+  slot to this order instead of handing it to its own account's next job.
+(The pass-on is the settlement's own statement.) If the claimant dies before the run starts, the
+claim and the slot expire together and the job is released again: nothing is lost or run twice.
+These read the account's standing and the first rows of its line; a pull and the pulse's
+`release_due` the accounts whose line could go now (`ready_accounts`), never the held jobs.
 """
 import datetime as dt
 from dataclasses import replace
@@ -45,11 +35,9 @@ RELEASE_BATCH = 200
 
 def release(*, account_id: int, queue: str, state: Standing, day: dt.date, limit: int | None = None,
             for_idle_worker: bool = False) -> int:
-    """Under the lock: send the first jobs of the account's line into its free slots (each
-    dispatched), as many as its standing lets go (`releasable`), at most `limit`. None while a job
-    sent to the broker on the queue waits for a worker, unless an idle worker asks
-    (`for_idle_worker`): every worker is busy, and each one's loop takes the line's work in the fair
-    order once the broker's job started (what the broker holds would run first in, first out)."""
+    """Under the lock: send the first jobs of the account's line into its free slots, as many as
+    `releasable`, at most `limit`. None while a job sent to the broker waits for a worker, unless an
+    idle worker asks (`for_idle_worker`): the busy workers' loops take the line in the fair order."""
     n = standing.releasable(state) if limit is None else min(limit, standing.releasable(state))
     if n <= 0:
         throttle(account_id=account_id, queue=queue, state=state)
@@ -63,10 +51,9 @@ def release(*, account_id: int, queue: str, state: Standing, day: dt.date, limit
 
 
 def throttle(*, account_id: int, queue: str, state: Standing) -> None:
-    """Under the lock: an account whose line lets nothing go for a time (its budget spent until the
-    next budget day, its rate limit reached until the oldest start leaves the window) has its line
-    held up until then (scheduling.holding.block): until then no pull, hand-off or release looks at
-    it, and the accounts that could run are found without it."""
+    """Under the lock: an account whose line lets nothing go for a time (budget spent, rate limit
+    reached) has its line held up until then (scheduling.holding.block): no pull, hand-off or
+    release looks at it meanwhile."""
     if not state.in_line:
         return
     now = clock.now()
@@ -85,8 +72,8 @@ def release_locked(*, account_id: int, queue: str, limit: int | None = None, for
 
 
 def release_if_ready(*, account_id: int, queue: str) -> int:
-    """A look made after a commit (a hold's, a settlement's): when the account's standing, read
-    without the lock, lets held work go, release it under the lock. Returns how many went."""
+    """A look after a commit (a hold's, a settlement's): when the standing, read without the lock,
+    lets held work go, release it under the lock. Returns how many went."""
     state = ledger.standing(account_id=account_id, queue=queue, day=clock.budget_day())
     if state is None or not standing.releasable(state):
         return 0
@@ -94,9 +81,8 @@ def release_if_ready(*, account_id: int, queue: str) -> int:
 
 
 def release_next(*, queue: str) -> int:
-    """A freed slot whose worker goes back to the broker while several accounts wait: the next job
-    of the account whose turn it is (the fair order) goes to the broker, not the settling account's
-    (which would keep each worker on its account). Outside a transaction. Returns how many went."""
+    """A freed slot whose worker goes back to the broker: the next job of the account whose turn
+    it is goes to the broker, not the settling account's. Returns how many went."""
     for ready in ledger.ready_accounts(queue=queue, limit=PULL_CANDIDATES):
         if release_locked(account_id=ready.account_id, queue=queue, limit=1):
             return 1
@@ -104,37 +90,25 @@ def release_next(*, queue: str) -> int:
 
 
 def release_due(*, idle_workers: dict[str, int] | None = None) -> int:
-    """The pulse's tick for budgets: the lines of the accounts that could run now and have a free
-    slot go into their free slots, in fair order. With `idle_workers` (per queue) only as many jobs
-    as there are idle workers, one per account in fair order: work for the busy workers is theirs
-    to take by hand-off and pull, which keep to the fair order (what the broker holds runs in the
-    order it was sent). Returns how many jobs went."""
+    """The pulse's tick for budgets: the lines of the accounts that could run now go into their
+    free slots, in fair order. With `idle_workers` (per queue) one job per account, as many as
+    there are idle workers: the busy workers take the rest by hand-off and pull, in the fair order.
+    Returns how many jobs went."""
     if idle_workers is None:
         return sum(release_locked(account_id=ready.account_id, queue=ready.queue)
                    for ready in ledger.ready_accounts(queue=None, limit=RELEASE_BATCH))
-    sent = 0
-    for queue, idle in idle_workers.items():
-        if idle > 0:
-            sent += sum(release_locked(account_id=ready.account_id, queue=queue, limit=1, for_idle_worker=True)
-                        for ready in ledger.ready_accounts(queue=queue, limit=idle))
-    return sent
+    return sum(release_locked(account_id=ready.account_id, queue=queue, limit=1, for_idle_worker=True)
+               for queue, idle in idle_workers.items() if idle > 0
+               for ready in ledger.ready_accounts(queue=queue, limit=idle))
 
 
 def claim_next(*, account_id: int, queue: str, state: Standing, day: dt.date, worker: str,
              yield_to_broker: bool = True) -> Claimed | None:
     """Under the account's lock (a settlement that freed a slot, or a pull): claim the first job of
     its line for `worker` into the free slot, unless (`yield_to_broker`) a job sent to the broker
-    on the queue waits for a worker: then the caller releases it to the broker instead, behind
-    what waits there.
-
-    The claimed job is admitted at once, in the same statement (its slot made active, a step
-    reserved, its run recorded as started), when its account may start it (`Standing.may_start`);
-    it then only starts. The claim stays until the job starts: if `worker` dies first, the claim
-    and the slot expire together and the reclaim undoes the admission and releases the job.
-    Otherwise its own admission decides when it starts, as for any claimed job."""
+    waits for a worker. When its account may start it (`Standing.may_start`) it is admitted in the
+    same statement and only starts; else its own admission decides when, as for any claimed job."""
     if not standing.releasable(state):
-        # Nothing in line, paused, or it would only be held again until a run gives budget back or
-        # a start leaves its rate limit's window.
         throttle(account_id=account_id, queue=queue, state=state)
         return None
     if not state.may_start:
@@ -155,9 +129,8 @@ def claim_next(*, account_id: int, queue: str, state: Standing, day: dt.date, wo
 
 
 def passed_on(claimed: Claimed) -> Claimed:
-    """The job a settlement passed its slot on to (already admitted: it only starts). One that
-    estimates more than the slot kept reserves the rest when its account has that much left (else
-    its watcher asks as it runs)."""
+    """The job a settlement passed its slot on to (admitted: it only starts), with the rest of its
+    estimate reserved when its account has that much left (else its watcher asks as it runs)."""
     more = get_job(claimed.envelope.job).cpu_estimate_ms - claimed.reserved_ms
     if more > 0 and ledger.reserve_if_left(slot_id=claimed.slot_id, usage_id=claimed.usage_id, ms=more):
         return replace(claimed, reserved_ms=claimed.reserved_ms + more)
@@ -166,21 +139,17 @@ def passed_on(claimed: Claimed) -> Claimed:
 
 def fetch_next(*, queue: str, worker: str) -> Claimed | None:
     """Claim one held job of `queue` for `worker` into a free slot, in fair order; none while a job
-    sent to the broker waits for a worker (it goes first).
-
-    The order is read before the lock: a candidate whose share (slots per weight) grew past the
-    next one's meanwhile (another worker pulled it) is passed over for the next, so that workers
-    pulling at once spread over the accounts instead of piling onto the one that was first."""
+    sent to the broker waits for a worker (it goes first). The order is read before the lock: a
+    candidate whose share grew past the next one's meanwhile (another worker pulled it) is passed
+    over, so that workers pulling at once spread over the accounts."""
     if ledger.broker_waiting(queue=queue):
         return None
     day = clock.budget_day()
     candidates = ledger.ready_accounts(queue=queue, limit=PULL_CANDIDATES)
     for ready, after in zip(candidates, [*candidates[1:], None]):
         with transaction.atomic():
-            # It waits for the lock (a settlement or an admission: one short statement) and then
-            # reads the standing: skipping a locked account would pass over the busiest account,
-            # whose lock is taken most often, whatever its weight (the light account of weights
-            # 1 : 3 took half the workers that way).
+            # It waits for the lock (one short statement): skipping a locked account would pass
+            # over the busiest account, whose lock is taken most often, whatever its weight.
             if not ledger.lock(account_id=ready.account_id, queue=queue):
                 continue
             state = ledger.standing(account_id=ready.account_id, queue=queue, day=day)

@@ -1,12 +1,10 @@
 """Database connections for the kernel and the apps: the cursor for Fairshare's own hot statements
-(the admission, settlement, hand-off and enqueue checks every task pays for, hand-written SQL of a
-few fixed shapes, named parameters), and keeping a worker's connections healthy between tasks.
+(hand-written SQL of a few fixed shapes, named parameters), and keeping a worker's connections
+healthy between tasks.
 
-On PostgreSQL (psycopg 3) they are bound server-side and prepared once per connection: these
-data-modifying WITH statements cost more to plan than to run (EXPLAIN ANALYZE on this project's
-machines: settlement 0.28–0.42 ms planning against 0.09–0.18 ms execution; the account's standing
-0.45 ms a time unprepared, 0.15 ms prepared). Django's own cursor binds on the client and prepares
-nothing (`OPTIONS["prepare_threshold"]` only applies to server-side binding), so everything else
+Those statements are bound server-side and prepared once per connection: these data-modifying
+WITH statements cost more to plan than to run (settlement 0.28–0.42 ms planning against 0.09–0.18
+ms execution). Django's own cursor binds on the client and prepares nothing, so everything else
 keeps it. FAIRSHARE["PREPARED_STATEMENTS"] = False turns this off, for a connection pooler that
 cannot keep prepared statements across transactions (PgBouncer before 1.21 in transaction mode).
 """
@@ -74,8 +72,9 @@ def cursor() -> CursorWrapper:
 
 def load_queries(path: Path) -> dict[str, str]:
     """The statements of a .sql file, by name: each starts at a `-- name: <name>` line and runs to
-    the next; its comment lines are left out, its lines joined by one space (so that psycopg keeps
-    its conversion of the named placeholders: it caches statements of up to 4,096 bytes)."""
+    the next; its comment lines are left out, its lines stripped and joined by one space (psycopg
+    caches its conversion of the named placeholders for statements of at most 4,096 bytes and 50
+    parameters given)."""
     queries: dict[str, str] = {}
     for chunk in re.split(r"^-- name: ", path.read_text(), flags=re.MULTILINE)[1:]:
         name, _, body = chunk.partition("\n")
@@ -84,15 +83,8 @@ def load_queries(path: Path) -> dict[str, str]:
     return queries
 
 
-def fetch_one(statement: str, params: Mapping[str, Any]) -> tuple | None:
-    """Run one of Fairshare's own statements (prepared: `cursor`) and return its first row."""
-    with cursor() as c:
-        c.execute(statement, params)
-        return c.fetchone()
-
-
-def fetch_one_named(statement: str, params: Mapping[str, Any]) -> dict[str, Any] | None:
-    """`fetch_one`, the row read by column name (the statement names each column it returns)."""
+def fetch_one(statement: str, params: Mapping[str, Any]) -> dict[str, Any] | None:
+    """Run one of Fairshare's own statements (prepared: `cursor`); its first row by column name."""
     with cursor() as c:
         c.execute(statement, params)
         row = c.fetchone()

@@ -31,4 +31,5 @@ RETURNING *;
 -- name: complete
 -- RUNNING -> SUCCESSFUL, while the run %(run_id)s still holds the call.
 UPDATE tasks_taskcall SET status = 'SUCCESSFUL', return_value = %(return_value)s, finished_at = %(now)s
- WHERE id = %(call_id)s AND status = 'RUNNING' AND run_id = %(run_id)s;
+ WHERE id = %(call_id)s AND status = 'RUNNING' AND run_id = %(run_id)s
+RETURNING 1 AS completed;

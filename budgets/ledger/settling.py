@@ -1,11 +1,9 @@
-"""The settlement: ACTIVE (or DISPATCHED, RECLAIMED) -> (none). The charge of a run's slot to its
-day, one statement without the lock (it only frees: a slot it frees is never missed by a job being
-put on hold at the same moment, because both sides look again once they committed and one of them
-sees the other: budgets.admission.wake_when_committed, the watcher's look); and the pass-on of the
-slot to the account's next held job in the same statement, which may carry the run's charge on
-instead (carried charges): it swaps one slot and its reservation for another, so slots taken and
-running, and used + reserved CPU, stay as they were. The statement is queries.sql's `settle`, which
-says what it reads as held jobs, accounts and history grow.
+"""The settlement: ACTIVE (or DISPATCHED, RECLAIMED) -> (none), one statement without the lock
+(queries.sql `settle`): it only frees, and a slot it frees is never missed by a job being put on
+hold at the same moment, because both sides look again once they committed and one of them sees the
+other (budgets.admission.wake_when_committed, the watcher's look). Its pass-on of the slot to the
+account's next held job swaps one slot and its reservation for another (or carries the run's charge
+on), so slots taken and running, and used + reserved CPU, stay as they were.
 """
 import datetime as dt
 
@@ -27,15 +25,14 @@ NO_PASS_ON = PassOn(worker="", day=dt.date.min, lease_s=0)
 
 def charge(*, slot_id: int, account_id: int, queue: str, meter: Meter, cap_hit: bool, end: RunEnd,
            now: dt.datetime, pass_on: PassOn | None = None) -> Charged | None:
-    """ACTIVE (or DISPATCHED, RECLAIMED) -> (none): the settlement. Deletes the slot, charges the
-    run's figures to its day (a reclaimed run only what the reclaim did not: its cpu_charged_ms) and
-    records them on its run (`end`); None when it was settled already (exactly once). With
+    """ACTIVE (or DISPATCHED, RECLAIMED) -> (none): the slot deleted, the run's figures charged to
+    its day and recorded on its run (`end`); None when it was settled already (exactly once). With
     `pass_on`, the slot goes on to the account's next held job when it may."""
     step, carry_s = settings.FAIRSHARE["RESERVATION_STEP_MS"], settings.FAIRSHARE["CHARGE_CARRY_S"]
     passing = pass_on or NO_PASS_ON
     run = TaskRun(account_id=account_id, queue=queue, worker=passing.worker)
     wall_now = timezone.now()
-    row = db.fetch_one_named(QUERIES["settle"], {
+    row = db.fetch_one(QUERIES["settle"], {
         **end.params(), "slot_id": slot_id, "account_id": account_id, "queue": queue, "cpu_ms": meter.cpu_ms,
         "wall_ms": meter.wall_ms, "db_wait_ms": round(meter.db_wait_ms), "storage_wait_ms": round(meter.storage_wait_ms),
         "cap_hits": 1 if cap_hit else 0, "now": now, "pass_on": pass_on is not None, "today": passing.day,

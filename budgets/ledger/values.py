@@ -9,9 +9,8 @@ from scheduling.models import TaskRun
 
 @dataclass(frozen=True)
 class Claimed:
-    """A held job claimed for a worker, with the slot taken for it: dispatched on the claim's
-    lease, or (`run` set) admitted ahead: active, `reserved_ms` reserved on the day's usage row
-    `usage_id`, its run recorded; it then only starts (`start_admitted`)."""
+    """A held job claimed for a worker with its slot: dispatched on the claim's lease, or (`run`
+    set) admitted ahead, `reserved_ms` reserved on the usage row `usage_id`: it only starts."""
 
     envelope: Envelope
     slot_id: int
@@ -39,8 +38,7 @@ class Charged:
 @dataclass(frozen=True)
 class PassOn:
     """Asks a settlement's charge to pass the run's slot on, in the same statement, to the first job
-    of its account's line, claimed for `worker` and admitted with what the run left of its
-    reservation, when it may (else the slot is freed as without)."""
+    of its account's line, claimed for `worker`, when it may (else the slot is freed as without)."""
 
     worker: str
     day: dt.date  # today: a run charged to another day frees its slot instead
@@ -49,8 +47,7 @@ class PassOn:
 
 @dataclass(frozen=True)
 class AdmittedAtOnce:
-    """What `admit_at_once` did: `slot_id` None when it admitted nothing (the caller then admits
-    under the lock, which decides)."""
+    """What `admit_at_once` did: `slot_id` None when it admitted nothing (the lock decides)."""
 
     slot_id: int | None
     paused: bool = False
