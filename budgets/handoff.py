@@ -113,27 +113,26 @@ def claim_next(*, account_id: int, queue: str, state: Standing, day: dt.date, wo
         return None
     if not state.may_start:
         return ledger.claim_for(account_id=account_id, queue=queue, day=day, worker=worker,
-                                  yield_to_broker=yield_to_broker)
-    # A step (what the claim statement can know); a job that estimates more reserves the rest
-    # once the claim says which job it is.
+                                yield_to_broker=yield_to_broker)
+    # A step (what the claim statement can know); the rest of a larger estimate once it says which job.
     step_ms = standing.first_reservation_ms(state, 0)
     claimed = ledger.claim_and_admit(account_id=account_id, queue=queue, state=state, day=day, worker=worker,
-                                       reserve_ms=step_ms, yield_to_broker=yield_to_broker)
+                                     reserve_ms=step_ms, yield_to_broker=yield_to_broker)
     if claimed is None:
         return None
-    more = standing.first_reservation_ms(state, get_job(claimed.envelope.job).cpu_estimate_ms) - step_ms
-    if more > 0:
-        ledger.reserve_more(slot_id=claimed.slot_id, usage_id=claimed.usage_id, ms=more)
-        claimed = replace(claimed, reserved_ms=claimed.reserved_ms + more)
-    return claimed
+    estimate_ms = get_job(claimed.envelope.job).cpu_estimate_ms
+    return _reserve_more(claimed, standing.first_reservation_ms(state, estimate_ms) - step_ms, checked=True)
 
 
 def passed_on(claimed: Claimed) -> Claimed:
     """The job a settlement passed its slot on to (admitted: it only starts), with the rest of its
     estimate reserved when its account has that much left (else its watcher asks as it runs)."""
-    more = get_job(claimed.envelope.job).cpu_estimate_ms - claimed.reserved_ms
-    if more > 0 and ledger.reserve_if_left(slot_id=claimed.slot_id, usage_id=claimed.usage_id, ms=more):
-        return replace(claimed, reserved_ms=claimed.reserved_ms + more)
+    return _reserve_more(claimed, get_job(claimed.envelope.job).cpu_estimate_ms - claimed.reserved_ms, checked=False)
+
+
+def _reserve_more(claimed: Claimed, ms: int, *, checked: bool) -> Claimed:
+    if ms > 0 and ledger.reserve_more(slot_id=claimed.slot_id, usage_id=claimed.usage_id, ms=ms, checked=checked):
+        return replace(claimed, reserved_ms=claimed.reserved_ms + ms)
     return claimed
 
 

@@ -91,19 +91,16 @@ def fetch_one(statement: str, params: Mapping[str, Any]) -> dict[str, Any] | Non
         return None if row is None else dict(zip([column.name for column in c.description], row))
 
 
-# How recently a connection must have served a task for its quiet socket to be trusted: a
-# connection idle for longer may have been dropped without a word (a NAT's or firewall's idle
-# timeout), which only a round trip finds.
+# How recently a connection must have served a task for its quiet socket to be trusted: one idle
+# for longer may have been dropped without a word (a NAT's idle timeout), which only a round trip finds.
 TRUST_QUIET_FOR_S = 5.0
 
 
 def trust_quiet_connection() -> None:
-    """Spare the round trip of Django's health check (CONN_HEALTH_CHECKS: `SELECT 1` before a
-    connection's first use after close_old_connections(), i.e. once per task in a worker) when the
-    connection served the previous task moments ago (TRUST_QUIET_FOR_S) and its socket has nothing
-    to read: an idle PostgreSQL session receives nothing it did not ask for, so anything there (the
-    server's goodbye when the session was terminated or the server stopped, or end of file) means
-    it is gone, and then Django's ping runs and replaces it. Called at the start of each task."""
+    """Spare the round trip of Django's health check (CONN_HEALTH_CHECKS: once per task in a worker)
+    when the connection served the previous task moments ago and its socket has nothing to read: an
+    idle PostgreSQL session receives nothing it did not ask for, so anything there (the server's
+    goodbye, end of file) means it is gone, and Django's ping runs. Called at the start of each task."""
     connection = connections[DEFAULT_DB_ALIAS]
     raw = connection.connection
     if raw is None:
@@ -111,34 +108,25 @@ def trust_quiet_connection() -> None:
     now = time.monotonic()
     previous = getattr(connection, "_fairshare_previous_task", None)
     connection._fairshare_previous_task = (raw, now)
-    if connection.health_check_done or previous is None or previous[0] is not raw:
-        return
-    if now - previous[1] > TRUST_QUIET_FOR_S or raw.closed or raw.broken:
-        return
-    if select.select([raw.fileno()], [], [], 0)[0]:
+    if (connection.health_check_done or previous is None or previous[0] is not raw
+            or now - previous[1] > TRUST_QUIET_FOR_S or raw.closed or raw.broken
+            or select.select([raw.fileno()], [], [], 0)[0]):
         return
     connection.health_check_done = True
 
 
 def close_old_connections() -> None:
-    """Close this thread's connections that died or were left unusable; keep healthy ones.
-
-    Not Django's `close_old_connections()`: that also closes connections past CONN_MAX_AGE
-    (with 0, every one, so a worker paid for a new database connection on every task); and inside
-    a caller's transaction (django-q2 `sync` mode, a test, an on-commit callback run inside an outer
-    atomic block) it would close the connection under its caller. A worker between tasks is never
-    inside one, and a connection that saw an error is checked and replaced only if it is dead.
-    """
+    """Close this thread's connections that died or were left unusable; keep healthy ones. Not
+    Django's: that also closes connections past CONN_MAX_AGE (with 0, every one: a new connection
+    per task), and inside a caller's transaction (django-q2 `sync` mode, an on-commit callback in an
+    outer atomic block) it would close the connection under its caller."""
     for conn in connections.all(initialized_only=True):
         if conn.connection is None or conn.in_atomic_block:
             continue
-        if conn.get_autocommit() != conn.settings_dict["AUTOCOMMIT"]:
+        if conn.get_autocommit() != conn.settings_dict["AUTOCOMMIT"] or (conn.errors_occurred and not conn.is_usable()):
             conn.close()
         elif conn.errors_occurred:
-            if conn.is_usable():
-                conn.errors_occurred = False
-            else:
-                conn.close()
+            conn.errors_occurred = False
 
 
 # Writes that must land after the work is done (settlement, the run's record): tries, and the pause
@@ -148,9 +136,8 @@ RECONNECT_DELAY_S = 0.5
 
 
 def retry_on_disconnect(write: Callable[[], T]) -> T:
-    """Run `write`, reconnecting and trying again when the database connection dropped (a
-    failover, a proxy restart, `pg_terminate_backend`): the classic transient failure, and the
-    work it would lose is already done. `write` must be one transaction, safe to run again."""
+    """Run `write` (one transaction, safe to run again), reconnecting and trying again when the
+    database connection dropped (a failover, a proxy restart): the work it would lose is done."""
     for attempt in range(1, RECONNECT_ATTEMPTS + 1):
         try:
             return write()

@@ -1,15 +1,20 @@
-"""The transitions that admit a run (a slot made ACTIVE, CPU reserved, the run recorded as started)
-and undo an admission whose run never started. All run under the account's lock (budgets.locks) but
-`admit_at_once`, which proves by the Budget row's version that no lock holder committed since its
-snapshot (queries.sql says how, and what each statement reads).
+"""Admission: the transitions that give a job a slot, on its way to the broker (none -> DISPATCHED,
+given back when it is held again or could not be sent), to run (a slot made ACTIVE, CPU reserved,
+the run recorded as started, from a sent job's slot or a held job claimed for a worker), and undo an
+admission whose run never started. All run under the account's lock (budgets.locks) but
+`dispatch_or_hold` (the enqueue check's common case) and `admit_at_once`, which proves by the Budget
+row's version that no lock holder committed since its snapshot (queries.sql says how, and what each
+statement reads).
 """
 import datetime as dt
+from typing import Any
 
 from django.utils import timezone
 
 from budgets import standing
 from budgets.ledger.reads import QUERIES, broker_window, usage_id
 from budgets.ledger.values import AdmittedAtOnce, Claimed
+from budgets.models import Reservation, ReservationStatus
 from budgets.standing import Standing
 from scheduling import clock, db
 from scheduling.envelope import Envelope
@@ -20,9 +25,49 @@ from scheduling.services import task_run_start_params
 # snapshot: again at once (a new snapshot sees that commit: the account's other worker admitting
 # at the same moment, most of the time), then it leaves the job to the lock.
 AT_ONCE_TRIES = 2
-# `activate`'s run parameters when it inserts no run (its INSERT's one-time filter is false).
-NO_RUN = {"run_account_id": None, "run_job": "", "run_queue": "", "run_ref": "", "run_worker": "",
-          "run_started_at": None}
+
+
+def dispatch_or_hold(*, envelope: Envelope, queue: str, day: dt.date, workers_free: bool = True) -> bool | None:
+    """(none) -> DISPATCHED without the lock (queries.sql `dispatch_or_hold`): True when the job
+    took a slot, False when it joined the account's line; None when the lock must decide."""
+    row = db.fetch_one(QUERIES["dispatch_or_hold"], {"workers_free": workers_free,
+        "account_id": envelope.account, "queue": queue, "day": day, "job": envelope.job, "ref": envelope.ref,
+        "priority": envelope.priority, "lease": standing.dispatch_lease_expiry(), "created_at": timezone.now(),
+        "now": clock.now(), **broker_window()})
+    return None if row is None else row["slot_id"] is not None
+
+
+def dispatch_many(*, envelopes: list[Envelope], queue: str, day: dt.date, lease_s: float | None = None) -> list[int]:
+    """(none) -> DISPATCHED: a slot for each job on its way to the broker (or claimed by a worker,
+    for `lease_s`). Returns their ids."""
+    expires = standing.dispatch_lease_expiry() if lease_s is None else timezone.now() + dt.timedelta(seconds=lease_s)
+    return [slot.pk for slot in Reservation.objects.bulk_create([
+        Reservation(account_id=e.account, queue=queue, day=day, job=e.job, ref=e.ref,
+                    status=ReservationStatus.DISPATCHED, lease_expires_at=expires) for e in envelopes])]
+
+
+def dispatch(*, envelope: Envelope, queue: str, day: dt.date, lease_s: float | None = None) -> int:
+    """`dispatch_many` for one job."""
+    (slot_id,) = dispatch_many(envelopes=[envelope], queue=queue, day=day, lease_s=lease_s)
+    return slot_id
+
+
+def redispatch(*, slot_id: int) -> None:
+    """DISPATCHED -> DISPATCHED: the job is sent again before its message started (a reconciler's
+    re-send), with a new dispatch lease."""
+    Reservation.objects.filter(pk=slot_id).update(lease_expires_at=standing.dispatch_lease_expiry())
+
+
+def drop(*, slot_id: int) -> None:
+    """DISPATCHED -> (none): a sent or claimed job held again instead of admitted gives its slot back."""
+    Reservation.objects.filter(pk=slot_id, status=ReservationStatus.DISPATCHED).delete()
+
+
+def undispatch(*, envelope: Envelope, queue: str) -> None:
+    """DISPATCHED -> (none): the job could not be sent after all (the broker refused it)."""
+    dispatched = Reservation.objects.filter(account_id=envelope.account, queue=queue, job=envelope.job,
+                                            ref=envelope.ref, status=ReservationStatus.DISPATCHED)
+    Reservation.objects.filter(pk=dispatched.order_by("-pk").values_list("pk", flat=True).first()).delete()
 
 
 def admit_at_once(*, envelope: Envelope, queue: str, day: dt.date, reserve_ms: int, run: TaskRun,
@@ -50,7 +95,7 @@ def activate(*, envelope: Envelope, queue: str, state: Standing, day: dt.date, o
     insert_run = run is not None and run.pk is None
     lease = standing.run_lease_expiry() if lease_s is None else timezone.now() + dt.timedelta(seconds=lease_s)
     row = db.fetch_one(QUERIES["activate"], {
-        **(task_run_start_params(run) if insert_run else NO_RUN), "insert_run": insert_run,
+        **task_run_start_params(run if insert_run else TaskRun()), "insert_run": insert_run,
         "claimed": claimant is not None, "usage_id": usage_id(state, account_id=envelope.account, queue=queue, day=day),
         "reserve_ms": reserve_ms, "own": own, "account_id": envelope.account, "queue": queue, "day": day,
         "job": envelope.job, "ref": envelope.ref, "worker": worker, "lease": lease, "created_at": timezone.now(),
@@ -60,19 +105,26 @@ def activate(*, envelope: Envelope, queue: str, state: Standing, day: dt.date, o
     return row["id"]
 
 
+def claim_params(*, run: TaskRun, now: dt.datetime, lease_s: float) -> dict[str, Any]:
+    """A claim's parameters (queries.sql `claim`, `settle`'s pass-on) for `run`'s worker: its
+    expiry on the kernel's clock (the holding area's), its slot's lease on the wall clock."""
+    wall_now = timezone.now()
+    return {"worker": run.worker, "now": now, "claim_expires_at": now + dt.timedelta(seconds=lease_s),
+            "slot_lease": wall_now + dt.timedelta(seconds=lease_s), "created_at": wall_now, **broker_window(),
+            "run_started_at": task_run_start_params(run)["run_started_at"]}
+
+
 def claim_for(*, account_id: int, queue: str, day: dt.date, worker: str, yield_to_broker: bool,
               usage: int | None = None, reserve_ms: int = 0) -> Claimed | None:
     """(a held job) -> DISPATCHED on the claim's lease: the first job of the account's line claimed
     for `worker` with its slot, unless (`yield_to_broker`) a job sent to the broker waits; with
-    `usage`, ACTIVE on it (`claim_and_admit`). Its claim's expiry on the kernel's clock (the
-    holding area's), its slot's lease on the wall clock."""
-    now, lease_s, admit = clock.now(), standing.claim_lease_s(), usage is not None
+    `usage`, ACTIVE on it (`claim_and_admit`)."""
+    admit = usage is not None
     run = TaskRun(account_id=account_id, queue=queue, worker=worker)
     row = db.fetch_one(QUERIES["claim"], {
-        "account_id": account_id, "queue": queue, "day": day, "worker": worker, "now": now,
-        "claim_expires_at": now + dt.timedelta(seconds=lease_s), **broker_window(), "yield_to_broker": yield_to_broker,
-        "slot_lease": timezone.now() + dt.timedelta(seconds=lease_s), "created_at": timezone.now(), "admit": admit,
-        "usage_id": usage, "reserve_ms": reserve_ms, "run_started_at": task_run_start_params(run)["run_started_at"]})
+        **claim_params(run=run, now=clock.now(), lease_s=standing.claim_lease_s()), "account_id": account_id,
+        "queue": queue, "day": day, "yield_to_broker": yield_to_broker, "admit": admit, "usage_id": usage,
+        "reserve_ms": reserve_ms})
     if row is None:
         return None
     envelope = Envelope(job=row["job"], account=account_id, ref=row["ref"], priority=row["priority"])
@@ -105,13 +157,9 @@ def unadmit(*, slot_id: int, account_id: int, queue: str, expired_before: dt.dat
     return None if row is None else row["task_run_id"]
 
 
-def reserve_more(*, slot_id: int, usage_id: int, ms: int, checked: bool = True) -> bool:
+def reserve_more(*, slot_id: int, usage_id: int, ms: int, checked: bool) -> bool:
     """ACTIVE on a claim's lease -> the same: `ms` more reserved for a job admitted ahead that
-    estimates more; `checked`: the lock saw the account has it."""
+    estimates more. `checked`: the lock saw the account has it; else (a pass-on's job, no lock) only
+    if it has that much left."""
     return db.fetch_one(QUERIES["reserve_more"], {"slot_id": slot_id, "usage_id": usage_id, "ms": ms,
                                                   "checked": checked}) is not None
-
-
-def reserve_if_left(*, slot_id: int, usage_id: int, ms: int) -> bool:
-    """`reserve_more` without the lock (a pass-on's job), when its account has that much left."""
-    return reserve_more(slot_id=slot_id, usage_id=usage_id, ms=ms, checked=False)

@@ -92,7 +92,7 @@ SELECT (SELECT id FROM d) AS slot_id WHERE EXISTS (SELECT 1 FROM d) OR EXISTS (S
 -- decides on counts as exact as under the lock (a rate-limited account's it leaves to the lock):
 -- the running slots (`s`: only a lock holder adds one; the lock-free settlement never adds to
 -- them), the own slot locked (`o`), and the budget by a conditional UPDATE of the day's usage row,
--- checked on its latest version (`u`: the lock-free pass-on and reserve_if_left change it too).
+-- checked on its latest version (`u`: the lock-free pass-on and reserve_more unchecked change it too).
 -- The run's record (`t`) and the slot made active (`k`) follow only from `u`. Reads the account's
 -- Budget, slots and usage row.
 WITH b AS (

@@ -1,4 +1,8 @@
-"""The settlement: ACTIVE (or DISPATCHED, RECLAIMED) -> (none), one statement without the lock
+"""The end of a running slot. Its lease: its watcher renews it (and grows its reservation); once it
+expired the reclaim takes the slot back (RECLAIMED), and a run that turns out to be alive may get it
+back (`revive`); under the account's lock but `renew` (budgets.running, budgets.reclaim).
+
+The settlement: ACTIVE (or DISPATCHED, RECLAIMED) -> (none), one statement without the lock
 (queries.sql `settle`): it only frees, and a slot it frees is never missed by a job being put on
 hold at the same moment, because both sides look again once they committed and one of them sees the
 other (budgets.admission.wake_when_committed, the watcher's look). Its pass-on of the slot to the
@@ -8,19 +12,50 @@ on), so slots taken and running, and used + reserved CPU, stay as they were.
 import datetime as dt
 
 from django.conf import settings
-from django.utils import timezone
 
-from budgets.ledger.reads import QUERIES, broker_window
+from budgets import standing
+from budgets.ledger.admitting import claim_params
+from budgets.ledger.reads import QUERIES
 from budgets.ledger.values import Charged, Claimed, PassOn
-from budgets.models import ReservationStatus
+from budgets.models import Reservation, ReservationStatus
 from scheduling import db
 from scheduling.envelope import Envelope
 from scheduling.metering import Meter
 from scheduling.models import TaskRun
-from scheduling.services import RunEnd, task_run_start_params
+from scheduling.services import RunEnd
 
 # What a settlement that does not pass its slot on gives for the pass-on's parameters.
 NO_PASS_ON = PassOn(worker="", day=dt.date.min, lease_s=0)
+
+
+def renew(*, slot_id: int, cpu_ms: int) -> bool:
+    """ACTIVE -> ACTIVE: a running slot reports its CPU and renews its lease; False when the slot is
+    no longer the run's (it was reclaimed while its worker was frozen, or settled)."""
+    return Reservation.objects.filter(pk=slot_id, status=ReservationStatus.ACTIVE).update(
+        cpu_reported_ms=cpu_ms, lease_expires_at=standing.run_lease_expiry()) == 1
+
+
+def grow(*, slot_id: int, usage_id: int, cpu_ms: int, ms: int) -> bool:
+    """ACTIVE -> ACTIVE: `renew`, and `ms` more CPU reserved (the lock saw the account has it).
+    False when the slot is gone."""
+    return db.fetch_one(QUERIES["grow"], {"slot_id": slot_id, "usage_id": usage_id, "cpu_ms": cpu_ms, "ms": ms,
+                                          "lease": standing.run_lease_expiry()}) is not None
+
+
+def reclaim(*, slot: Reservation, charge_ms: int) -> None:
+    """ACTIVE -> RECLAIMED: a run whose lease expired (its worker died, or froze) is charged
+    `charge_ms` (what it reported), its slot and reservation given back; `slot` read with its row
+    locked."""
+    db.fetch_one(QUERIES["reclaim"], {"slot_id": slot.pk, "charge_ms": charge_ms})
+
+
+def revive(*, slot_id: int, account_id: int, queue: str, reserve_ms: int) -> int | None:
+    """RECLAIMED -> ACTIVE: a reclaimed run's frozen worker woke up, and its account (`account_id`
+    on `queue`) has a free slot (the lock saw it): the slot is its again, `reserve_ms` reserved.
+    Returns the slot's CPU charged so far, None when it is not reclaimed."""
+    row = db.fetch_one(QUERIES["revive"], {"slot_id": slot_id, "reserve_ms": reserve_ms,
+                                           "lease": standing.run_lease_expiry()})
+    return None if row is None else row["cpu_charged_ms"]
 
 
 def charge(*, slot_id: int, account_id: int, queue: str, meter: Meter, cap_hit: bool, end: RunEnd,
@@ -31,16 +66,13 @@ def charge(*, slot_id: int, account_id: int, queue: str, meter: Meter, cap_hit: 
     step, carry_s = settings.FAIRSHARE["RESERVATION_STEP_MS"], settings.FAIRSHARE["CHARGE_CARRY_S"]
     passing = pass_on or NO_PASS_ON
     run = TaskRun(account_id=account_id, queue=queue, worker=passing.worker)
-    wall_now = timezone.now()
+    claim = claim_params(run=run, now=now, lease_s=passing.lease_s)
     row = db.fetch_one(QUERIES["settle"], {
-        **end.params(), "slot_id": slot_id, "account_id": account_id, "queue": queue, "cpu_ms": meter.cpu_ms,
+        **end.params(), **claim, "slot_id": slot_id, "account_id": account_id, "queue": queue, "cpu_ms": meter.cpu_ms,
         "wall_ms": meter.wall_ms, "db_wait_ms": round(meter.db_wait_ms), "storage_wait_ms": round(meter.storage_wait_ms),
-        "cap_hits": 1 if cap_hit else 0, "now": now, "pass_on": pass_on is not None, "today": passing.day,
-        "step_ms": step, "keep_at_least": max(1, step // 2), "worker": passing.worker,
-        "claim_expires_at": now + dt.timedelta(seconds=passing.lease_s), **broker_window(),
-        "slot_lease": wall_now + dt.timedelta(seconds=passing.lease_s), "created_at": wall_now,
-        "carry": carry_s > 0, "carry_since": wall_now - dt.timedelta(seconds=carry_s),
-        "run_started_at": task_run_start_params(run)["run_started_at"]})
+        "cap_hits": 1 if cap_hit else 0, "pass_on": pass_on is not None, "today": passing.day, "step_ms": step,
+        "keep_at_least": max(1, step // 2), "carry": carry_s > 0,
+        "carry_since": claim["created_at"] - dt.timedelta(seconds=carry_s)})
     if row is None:
         return None
     passed = None

@@ -164,9 +164,9 @@ def test_claim_for_and_claim_and_admit_take_the_first_job_of_the_line_with_its_s
     assert ledger.start_admitted(slot_id=admitted.slot_id, envelope=admitted.envelope, worker="w2") is False
 
     # More for it when the account has it; none beyond its budget.
-    assert ledger.reserve_if_left(slot_id=admitted.slot_id, usage_id=admitted.usage_id, ms=1000) is True
-    assert ledger.reserve_if_left(slot_id=admitted.slot_id, usage_id=admitted.usage_id, ms=9000) is False
-    ledger.reserve_more(slot_id=admitted.slot_id, usage_id=admitted.usage_id, ms=100)
+    assert ledger.reserve_more(slot_id=admitted.slot_id, usage_id=admitted.usage_id, ms=1000, checked=False) is True
+    assert ledger.reserve_more(slot_id=admitted.slot_id, usage_id=admitted.usage_id, ms=9000, checked=False) is False
+    ledger.reserve_more(slot_id=admitted.slot_id, usage_id=admitted.usage_id, ms=100, checked=True)
     assert Reservation.objects.get(pk=admitted.slot_id).cpu_reserved_ms == 1600
     assert usage(acme, day).cpu_reserved_ms == 1600
 
