@@ -1,8 +1,6 @@
-"""The enqueue-time check for a batch (`scheduling.runtime.enqueue_many`): one transaction per
-account instead of one check per job. Under the account's lock it sends as many as fit its free
-slots, the starts its rate limit has left and the queue's idle workers (each dispatched, as
-budgets.admission.admit_at_enqueue would) when `refusal` lets the account's work go, and holds the
-rest in order: the first for the reason it could not go, the others queued behind it.
+"""The enqueue-time check for a batch (`scheduling.runtime.enqueue_many`), one transaction per
+account: under its lock as many go as fit its free slots, its rate limit's starts and the queue's
+idle workers, when `refusal` lets them; the rest are held in order, the first for the reason.
 """
 import functools
 from collections import defaultdict

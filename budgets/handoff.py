@@ -1,15 +1,8 @@
 """Where a freed slot goes: to the first job of its account's line, released to the broker
-(`release`), or, for work conservation, claimed for a free worker that runs it without a broker
-round trip, under the account's lock, the job's slot taken in the claim's statement:
-- hand-off: a settlement that frees a slot gives it to the same account's first held job, claimed
-  for the settling worker (`claim_next`, called by budgets.settlement);
-- pull: a worker with nothing handed off claims another account's job into a free slot, in fair
-  order (`fetch_next`). A settlement that sees another account's turn come first leaves its freed
-  slot to this order instead of handing it to its own account's next job.
-(The pass-on is the settlement's own statement.) If the claimant dies before the run starts, the
-claim and the slot expire together and the job is released again: nothing is lost or run twice.
-These read the account's standing and the first rows of its line; a pull and the pulse's
-`release_due` the accounts whose line could go now (`ready_accounts`), never the held jobs.
+(`release`), or claimed for a free worker that runs it without a broker round trip, under the
+account's lock: handed to the settling worker (`claim_next`, from budgets.settlement), or pulled by
+a worker with nothing handed to it, in fair order (`fetch_next`). If the claimant dies before the
+run starts, claim and slot expire together and the job is released again: nothing lost or run twice.
 """
 import datetime as dt
 from dataclasses import replace
@@ -26,8 +19,7 @@ from scheduling.envelope import Envelope
 from scheduling.models import ACCOUNT_WAITS_REASONS
 from scheduling.registry import get_job
 
-# How many accounts a pull looks at before it gives up (each one it cannot use is passed over: its
-# share grew past the next one's since the order was read, or the slot it had free was taken).
+# How many accounts a pull looks at before it gives up (one it cannot use is passed over).
 PULL_CANDIDATES = 4
 # How many accounts' lines one tick of the pulse releases into free slots (the next takes the rest).
 RELEASE_BATCH = 200
@@ -35,9 +27,8 @@ RELEASE_BATCH = 200
 
 def release(*, account_id: int, queue: str, state: Standing, day: dt.date, limit: int | None = None,
             for_idle_worker: bool = False) -> int:
-    """Under the lock: send the first jobs of the account's line into its free slots, as many as
-    `releasable`, at most `limit`. None while a job sent to the broker waits for a worker, unless an
-    idle worker asks (`for_idle_worker`): the busy workers' loops take the line in the fair order."""
+    """Under the lock: the first `releasable` jobs of the line (at most `limit`) to the broker; none
+    while the broker's job waits, unless an idle worker asks: busy workers take them in fair order."""
     n = standing.releasable(state) if limit is None else min(limit, standing.releasable(state))
     if n <= 0:
         throttle(account_id=account_id, queue=queue, state=state)
@@ -51,9 +42,8 @@ def release(*, account_id: int, queue: str, state: Standing, day: dt.date, limit
 
 
 def throttle(*, account_id: int, queue: str, state: Standing) -> None:
-    """Under the lock: an account whose line lets nothing go for a time (budget spent, rate limit
-    reached) has its line held up until then (scheduling.holding.block): no pull, hand-off or
-    release looks at it meanwhile."""
+    """Under the lock: a line that may not go for a time (budget spent, rate limit reached) is held
+    up until then (scheduling.holding.block): no pull, hand-off or release looks at it meanwhile."""
     if not state.in_line:
         return
     now = clock.now()
@@ -72,8 +62,7 @@ def release_locked(*, account_id: int, queue: str, limit: int | None = None, for
 
 
 def release_if_ready(*, account_id: int, queue: str) -> int:
-    """A look after a commit (a hold's, a settlement's): when the standing, read without the lock,
-    lets held work go, release it under the lock. Returns how many went."""
+    """A look after a commit: when the standing read without the lock lets held work go, `release_locked`."""
     state = ledger.standing(account_id=account_id, queue=queue, day=clock.budget_day())
     if state is None or not standing.releasable(state):
         return 0
@@ -81,8 +70,7 @@ def release_if_ready(*, account_id: int, queue: str) -> int:
 
 
 def release_next(*, queue: str) -> int:
-    """A freed slot whose worker goes back to the broker: the next job of the account whose turn
-    it is goes to the broker, not the settling account's. Returns how many went."""
+    """A freed slot whose worker goes back to the broker: the next job in fair order goes there."""
     for ready in ledger.ready_accounts(queue=queue, limit=PULL_CANDIDATES):
         if release_locked(account_id=ready.account_id, queue=queue, limit=1):
             return 1
@@ -90,10 +78,8 @@ def release_next(*, queue: str) -> int:
 
 
 def release_due(*, idle_workers: dict[str, int] | None = None) -> int:
-    """The pulse's tick for budgets: the lines of the accounts that could run now go into their
-    free slots, in fair order. With `idle_workers` (per queue) one job per account, as many as
-    there are idle workers: the busy workers take the rest by hand-off and pull, in the fair order.
-    Returns how many jobs went."""
+    """The pulse's tick: the lines that could go now into their free slots, in fair order; with
+    `idle_workers` (per queue) one job per account, as many as idle workers. Returns how many went."""
     if idle_workers is None:
         return sum(release_locked(account_id=ready.account_id, queue=ready.queue)
                    for ready in ledger.ready_accounts(queue=None, limit=RELEASE_BATCH))
@@ -104,10 +90,8 @@ def release_due(*, idle_workers: dict[str, int] | None = None) -> int:
 
 def claim_next(*, account_id: int, queue: str, state: Standing, day: dt.date, worker: str,
              yield_to_broker: bool = True) -> Claimed | None:
-    """Under the account's lock (a settlement that freed a slot, or a pull): claim the first job of
-    its line for `worker` into the free slot, unless (`yield_to_broker`) a job sent to the broker
-    waits for a worker. When its account may start it (`Standing.may_start`) it is admitted in the
-    same statement and only starts; else its own admission decides when, as for any claimed job."""
+    """Under the lock: the first job of the line claimed for `worker` into a free slot (unless
+    `yield_to_broker` and the broker's job waits), admitted ahead when `Standing.may_start`."""
     if not standing.releasable(state):
         throttle(account_id=account_id, queue=queue, state=state)
         return None
@@ -137,18 +121,15 @@ def _reserve_more(claimed: Claimed, ms: int, *, checked: bool) -> Claimed:
 
 
 def fetch_next(*, queue: str, worker: str) -> Claimed | None:
-    """Claim one held job of `queue` for `worker` into a free slot, in fair order; none while a job
-    sent to the broker waits for a worker (it goes first). The order is read before the lock: a
-    candidate whose share grew past the next one's meanwhile (another worker pulled it) is passed
-    over, so that workers pulling at once spread over the accounts."""
+    """A held job of `queue` claimed for `worker` in fair order, none while the broker's job waits. A
+    candidate whose share grew past the next one's since the order was read is passed over."""
     if ledger.broker_waiting(queue=queue):
         return None
     day = clock.budget_day()
     candidates = ledger.ready_accounts(queue=queue, limit=PULL_CANDIDATES)
     for ready, after in zip(candidates, [*candidates[1:], None]):
         with transaction.atomic():
-            # It waits for the lock (one short statement): skipping a locked account would pass
-            # over the busiest account, whose lock is taken most often, whatever its weight.
+            # Waits for the lock: skipping a locked account would pass over the busiest account.
             if not ledger.lock(account_id=ready.account_id, queue=queue):
                 continue
             state = ledger.standing(account_id=ready.account_id, queue=queue, day=day)

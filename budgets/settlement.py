@@ -1,8 +1,6 @@
-"""Settlement: after a run, charge what it measured, free its slot and its reservation, record how
-it ended on its run, and give the freed slot to the account's next held job. Exactly once: the
-charge deletes the slot, and a second settlement finds nothing (None). The charge takes no lock
-(budgets.ledger.settling says why that is safe); only when work is in the account's line does the
-settlement take the lock to hand the slot on.
+"""Settlement: after a run, charge what it measured, free its slot and reservation, record how it
+ended, and give the freed slot on. Exactly once: the charge deletes the slot. It takes no lock
+(budgets.ledger.settling says why); only with work in the account's line is the lock taken to hand on.
 """
 import datetime as dt
 from collections.abc import Callable
@@ -39,14 +37,11 @@ def settle(
     envelope: Envelope | None = None, hand_to: str | None = None, from_line: bool = False,
     look_again_later: Callable[..., None] | None = None,
 ) -> Settled | None:
-    """Settle a run; None when it was settled already. Its run's record gets the metered figures
-    and, with `outcome`, how it ended (`items`, a redacted `error`). A run stopped by the cap
-    (`cap_hit`, with its `envelope`) or whose slot was lost (`slot_lost`) is held again. The freed
-    slot goes to the first job of the account's line: claimed for worker `hand_to` when given
-    (returned, to run next), else released to the broker; from the line (`from_line`) the charge
-    passes it on in its own statement when it may. When another account's turn comes first, it goes
-    by the fair order instead. With `look_again_later` (a worker's watcher) the look after the
-    commit is left to it: it only matters for a hold that committed while the charge ran."""
+    """Settle a run (None: settled already), with `outcome` how it ended. A run stopped by the cap
+    (`cap_hit`) or whose slot was lost is held again. The freed slot goes to the account's first held
+    job, claimed for worker `hand_to` (returned) or released; from the line (`from_line`) the charge
+    passes it on when it may; another account's turn first, by the fair order. `look_again_later`
+    (the watcher) makes the look after the commit, for a hold that committed while the charge ran."""
     now = clock.now()
     day = clock.budget_day(now)
     end = RunEnd(meter=meter, outcome=outcome, items=items, error=error)
@@ -54,8 +49,7 @@ def settle(
         return _settle_and_hold(slot_id=slot_id, account_id=account_id, queue=queue, meter=meter, end=end,
                                 cap_hit=cap_hit, envelope=envelope, hand_to=hand_to, now=now, day=day)
     pass_on = PassOn(worker=hand_to, day=day, lease_s=standing.claim_lease_s()) if hand_to and from_line else None
-    # The run is recorded as finished in the statement that frees its slot: before any run that
-    # takes the slot next is recorded as started.
+    # Recorded as finished in the statement that frees its slot: before the next run on it starts.
     charged = ledger.charge(slot_id=slot_id, account_id=account_id, queue=queue, meter=meter, cap_hit=cap_hit,
                               end=end, now=now, pass_on=pass_on)
     if charged is None:
@@ -67,9 +61,7 @@ def settle(
     if charged.was_active and not charged.in_line and look_again_later is not None:
         look_again_later(account_id=account_id, queue=queue)
     elif charged.was_active and charged.others_waiting:
-        # Another account's turn comes first: the freed slot goes by the fair order, to what
-        # the worker pulls next or, when it goes back to the broker, to the job released there.
-        if hand_to is None:
+        if hand_to is None:  # else the worker pulls in the fair order
             release_next(queue=queue)
     elif charged.was_active and (charged.in_line or holding.in_line(account_id=account_id, queue=queue)):
         with transaction.atomic():
@@ -82,8 +74,7 @@ def settle(
 
 def _settle_and_hold(*, slot_id: int, account_id: int, queue: str, meter: Meter, end: RunEnd, cap_hit: bool,
                      envelope: Envelope, hand_to: str | None, now: dt.datetime, day: dt.date) -> Settled | None:
-    """A run stopped before its job was done: its charge, its job's hold (for budget, or a slot)
-    and the freed slot's hand-off in one transaction, under the lock."""
+    """A run stopped before its job was done: charge, hold and hand-off in one locked transaction."""
     with transaction.atomic():
         lock(account_id=account_id, queue=queue)
         charged = ledger.charge(slot_id=slot_id, account_id=account_id, queue=queue, meter=meter, cap_hit=cap_hit,
@@ -107,18 +98,16 @@ def _settle_and_hold(*, slot_id: int, account_id: int, queue: str, meter: Meter,
 
 
 def _give_freed_slot(*, account_id: int, queue: str, state: Standing, day: dt.date, hand_to: str | None) -> Claimed | None:
-    """Under the lock: a freed slot goes to the first job of the account's line, claimed for worker
-    `hand_to` (returned). Without one, the caller releases the next job in the fair order once it
-    committed (`release_next`). If the line may not go on, nothing is released: the worker pulls
-    in the fair order itself (budgets.gate.next_for), rather than idle behind a released job."""
+    """Under the lock: the freed slot to the account's first held job, claimed for `hand_to`. Without
+    a worker the caller releases in fair order after its commit; with one whose line may not go on,
+    nothing is: the worker pulls itself (budgets.gate.next_for), not idle behind a released job."""
     if hand_to is None:
         return None
     return claim_next(account_id=account_id, queue=queue, state=state, day=day, worker=hand_to)
 
 
 def release_if_in_line(*, account_id: int, queue: str) -> int:
-    """A settlement's look after its commit, made later (`look_again_later`): release what the
-    account's free slots let go of its line. Returns how many."""
+    """A settlement's look after its commit, made later (`look_again_later`). Returns how many went."""
     if not holding.in_line(account_id=account_id, queue=queue):
         return 0
     return release_locked(account_id=account_id, queue=queue)

@@ -1,12 +1,8 @@
-"""Database connections for the kernel and the apps: the cursor for Fairshare's own hot statements
-(hand-written SQL of a few fixed shapes, named parameters), and keeping a worker's connections
-healthy between tasks.
-
-Those statements are bound server-side and prepared once per connection: these data-modifying
-WITH statements cost more to plan than to run (settlement 0.28–0.42 ms planning against 0.09–0.18
-ms execution). Django's own cursor binds on the client and prepares nothing, so everything else
-keeps it. FAIRSHARE["PREPARED_STATEMENTS"] = False turns this off, for a connection pooler that
-cannot keep prepared statements across transactions (PgBouncer before 1.21 in transaction mode).
+"""Database connections: the cursor for Fairshare's own hot statements, bound server-side and
+prepared once per connection (these WITH statements cost more to plan than to run: settlement
+0.28–0.42 ms planning, 0.09–0.18 ms execution), and keeping a worker's connections healthy between
+tasks. FAIRSHARE["PREPARED_STATEMENTS"] = False turns preparing off, for a pooler that cannot keep
+prepared statements across transactions (PgBouncer before 1.21 in transaction mode).
 """
 import re
 import select
@@ -34,8 +30,7 @@ class _PreparedCursor(psycopg.Cursor):
 
     def execute(self, query, params=None, *, prepare=None, binary=None):
         # Django connects with prepare_threshold None, which turns preparing off even when asked
-        # for: a threshold no statement reaches, for this statement only, prepares it and
-        # leaves Django's own (client-side bound, never prepared) as they were.
+        # for: a threshold no statement reaches, for this statement only, leaves Django's own as they were.
         conn = self.connection
         threshold = conn.prepare_threshold
         if threshold is None:
@@ -56,8 +51,8 @@ class _LoggedCursor(CursorDebugWrapper):
 
 
 def cursor() -> CursorWrapper:
-    """Django's cursor for this thread's default connection (its execute wrappers, query logging
-    and error wrapping included), preparing its statements where that is possible."""
+    """Django's cursor for this thread's default connection (its wrappers, query logging and error
+    wrapping included), preparing its statements where that is possible."""
     connection = connections[DEFAULT_DB_ALIAS]  # once: each attribute of django.db.connection is a lookup
     if not settings.FAIRSHARE["PREPARED_STATEMENTS"]:
         return connection.cursor()

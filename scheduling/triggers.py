@@ -1,12 +1,8 @@
-"""The triggers that keep Backlog's counts (scheduling.models.Backlog) on scheduling_deferredtask,
-written for a given list of DeferReasons (Backlog has one count column per reason): the migrations
-that create them (0012_backlog) and rewrite them when a reason comes (0014_rate_limited) each pass
-the reasons they know, so an old migration keeps creating the triggers it always created.
-
-Per statement for inserts and deletes (transition tables: a bulk hold of thousands of one account's
-jobs updates its Backlog row once, not once per job, which within one transaction would leave a
-version of that row per job), and per changed row for a change of a row's account, queue, place in
-line or reason (a claim, which changes none of these, fires nothing).
+"""The triggers that keep Backlog's counts (scheduling.models.Backlog, a column per DeferReason) on
+scheduling_deferredtask, written for the reasons a migration knows, so an old migration keeps
+creating the triggers it always created. Per statement for inserts and deletes (transition tables:
+a bulk hold updates its account's Backlog row once, not once per job), per changed row for a change
+of a row's account, queue, place in line or reason (a claim, which changes none, fires nothing).
 """
 from dataclasses import dataclass
 
@@ -102,9 +98,8 @@ DROP FUNCTION scheduling_backlog_add();
 
 
 def rewritten(before: Triggers, after: Triggers, *operations) -> list:
-    """A migration's operations that change what the triggers count (a new reason's Backlog
-    column): the triggers dropped before them and created again after them with `after`'s reasons
-    (backwards: dropped, the operations undone, created with `before`'s)."""
+    """A migration's `operations` between the triggers dropped and created again with `after`'s
+    reasons (backwards: with `before`'s)."""
     from django.db import migrations
 
     return [migrations.RunPython(drop, before.create), *operations, migrations.RunPython(after.create, drop)]

@@ -1,8 +1,6 @@
-"""The three statements every Django task call pays for, hand-written (bench/tasks_overhead.py
-measured the ORM's versions at about twice the cost of the kernel's own job path) and kept whole in
-tasks/queries.sql: the call's insert at enqueue, its claim and its completion in the worker. Each is
-one round trip, prepared once per connection (scheduling.db). Values go in as the ORM would prepare
-them, and a claimed row comes back as the model instance the ORM would load.
+"""The three statements every Django task call pays for, kept whole in tasks/queries.sql (the ORM's
+versions cost about twice the kernel's own job path): the call's insert, its claim and completion.
+Values go in as the ORM prepares them; a claimed row comes back as the instance the ORM would load.
 """
 import functools
 from pathlib import Path

@@ -19,12 +19,10 @@ A slot is a Reservation row; its states and the one transition that moves it bet
 Whatever ends a slot (charge, reclaim, unadmit) also charges what it carried: the figures of the
 runs it was passed on from, whose CPU its day still holds as reserved.
 
-Where each transition lives: reads (the lock, the standing, the fair order), admitting (a slot for
-a job: dispatched on its way to the broker, or a run admitted, or its admission undone), settling
-(a running slot's lease: renew, grow, reclaim, revive; the charge and the pass-on); their statements
-are budgets/ledger/queries.sql's, one named statement a transition. Every transition that can
-refuse work runs under the account's lock (budgets.locks), but three statements, which still cannot
-pass a cap (their modules say why): the charge and its pass-on, and `admit_at_once`.
+By module: reads (the lock, the standing, the fair order), admitting (a slot dispatched or
+admitted, or given back before its run), settling (a running slot's lease, and its end); one named
+statement of queries.sql a transition. All run under the account's lock (budgets.locks) but three
+that still cannot pass a cap (their modules say why): the charge, its pass-on, `admit_at_once`.
 """
 from budgets.ledger.admitting import (
     activate, admit_at_once, claim_and_admit, claim_for, dispatch, dispatch_many, dispatch_or_hold, drop, redispatch,

@@ -1,10 +1,6 @@
-"""Admission: the transitions that give a job a slot, on its way to the broker (none -> DISPATCHED,
-given back when it is held again or could not be sent), to run (a slot made ACTIVE, CPU reserved,
-the run recorded as started, from a sent job's slot or a held job claimed for a worker), and undo an
-admission whose run never started. All run under the account's lock (budgets.locks) but
-`dispatch_or_hold` (the enqueue check's common case) and `admit_at_once`, which proves by the Budget
-row's version that no lock holder committed since its snapshot (queries.sql says how, and what each
-statement reads).
+"""Admission: a slot for a job on its way to the broker ((none) -> DISPATCHED, and back), or to run
+(ACTIVE: CPU reserved, its run recorded), and an admission undone. Under the account's lock
+(budgets.locks) but `dispatch_or_hold` and `admit_at_once` (queries.sql says why they are safe).
 """
 import datetime as dt
 from typing import Any
@@ -21,9 +17,8 @@ from scheduling.envelope import Envelope
 from scheduling.models import TaskRun
 from scheduling.services import task_run_start_params
 
-# How many times `admit_at_once` tries when a lock holder committed since its statement's
-# snapshot: again at once (a new snapshot sees that commit: the account's other worker admitting
-# at the same moment, most of the time), then it leaves the job to the lock.
+# How many times `admit_at_once` tries when a lock holder committed since its snapshot (a new
+# snapshot sees that commit: most often the account's other worker admitting at the same moment).
 AT_ONCE_TRIES = 2
 
 
@@ -38,8 +33,7 @@ def dispatch_or_hold(*, envelope: Envelope, queue: str, day: dt.date, workers_fr
 
 
 def dispatch_many(*, envelopes: list[Envelope], queue: str, day: dt.date, lease_s: float | None = None) -> list[int]:
-    """(none) -> DISPATCHED: a slot for each job on its way to the broker (or claimed by a worker,
-    for `lease_s`). Returns their ids."""
+    """(none) -> DISPATCHED: a slot for each job sent (or claimed, for `lease_s`); their ids."""
     expires = standing.dispatch_lease_expiry() if lease_s is None else timezone.now() + dt.timedelta(seconds=lease_s)
     return [slot.pk for slot in Reservation.objects.bulk_create([
         Reservation(account_id=e.account, queue=queue, day=day, job=e.job, ref=e.ref,
@@ -53,13 +47,12 @@ def dispatch(*, envelope: Envelope, queue: str, day: dt.date, lease_s: float | N
 
 
 def redispatch(*, slot_id: int) -> None:
-    """DISPATCHED -> DISPATCHED: the job is sent again before its message started (a reconciler's
-    re-send), with a new dispatch lease."""
+    """DISPATCHED -> DISPATCHED: a reconciler's re-send, with a new dispatch lease."""
     Reservation.objects.filter(pk=slot_id).update(lease_expires_at=standing.dispatch_lease_expiry())
 
 
 def drop(*, slot_id: int) -> None:
-    """DISPATCHED -> (none): a sent or claimed job held again instead of admitted gives its slot back."""
+    """DISPATCHED -> (none): a sent or claimed job held again gives its slot back."""
     Reservation.objects.filter(pk=slot_id, status=ReservationStatus.DISPATCHED).delete()
 
 
@@ -72,8 +65,7 @@ def undispatch(*, envelope: Envelope, queue: str) -> None:
 
 def admit_at_once(*, envelope: Envelope, queue: str, day: dt.date, reserve_ms: int, run: TaskRun,
                   worker: str) -> AdmittedAtOnce:
-    """DISPATCHED (its own) -> ACTIVE without the lock, for an account plainly below its caps;
-    slot_id None when the lock must decide."""
+    """DISPATCHED (its own) -> ACTIVE without the lock; slot_id None when the lock must decide."""
     params = {**task_run_start_params(run), "account_id": envelope.account, "queue": queue, "job": envelope.job,
               "ref": envelope.ref, "day": day, "reserve_ms": reserve_ms, "worker": worker,
               "lease": standing.run_lease_expiry()}
@@ -89,9 +81,8 @@ def admit_at_once(*, envelope: Envelope, queue: str, day: dt.date, reserve_ms: i
 
 def activate(*, envelope: Envelope, queue: str, state: Standing, day: dt.date, own: int | None, reserve_ms: int,
              run: TaskRun | None, worker: str, claimant: str | None = None, lease_s: float | None = None) -> int:
-    """DISPATCHED (its own, `own`) or (none) -> ACTIVE, inserting a `run` not saved yet and, for a
-    job claimed by `claimant`, completing the claim; its lease a running slot's, or `lease_s`
-    (admitted ahead with a claim: until it starts). Returns the slot's id."""
+    """DISPATCHED (its own, `own`) or (none) -> ACTIVE, inserting a `run` not saved yet, completing
+    `claimant`'s claim; its lease `lease_s` when admitted ahead (until it starts). Returns its id."""
     insert_run = run is not None and run.pk is None
     lease = standing.run_lease_expiry() if lease_s is None else timezone.now() + dt.timedelta(seconds=lease_s)
     row = db.fetch_one(QUERIES["activate"], {
@@ -116,9 +107,8 @@ def claim_params(*, run: TaskRun, now: dt.datetime, lease_s: float) -> dict[str,
 
 def claim_for(*, account_id: int, queue: str, day: dt.date, worker: str, yield_to_broker: bool,
               usage: int | None = None, reserve_ms: int = 0) -> Claimed | None:
-    """(a held job) -> DISPATCHED on the claim's lease: the first job of the account's line claimed
-    for `worker` with its slot, unless (`yield_to_broker`) a job sent to the broker waits; with
-    `usage`, ACTIVE on it (`claim_and_admit`)."""
+    """(a held job) -> DISPATCHED on the claim's lease (with `usage`: ACTIVE, `claim_and_admit`): the
+    account's first held job claimed for `worker`, unless (`yield_to_broker`) the broker's job waits."""
     admit = usage is not None
     run = TaskRun(account_id=account_id, queue=queue, worker=worker)
     row = db.fetch_one(QUERIES["claim"], {
@@ -136,30 +126,26 @@ def claim_for(*, account_id: int, queue: str, day: dt.date, worker: str, yield_t
 
 def claim_and_admit(*, account_id: int, queue: str, state: Standing, day: dt.date, worker: str, reserve_ms: int,
                     yield_to_broker: bool) -> Claimed | None:
-    """(a held job) -> ACTIVE on the claim's lease: `claim_for`, the job admitted ahead in the same
-    statement (`reserve_ms` reserved, its run recorded); the lock saw the standing let it in."""
+    """(a held job) -> ACTIVE on the claim's lease: `claim_for`, admitted ahead in its statement."""
     return claim_for(account_id=account_id, queue=queue, day=day, worker=worker, yield_to_broker=yield_to_broker,
                      usage=usage_id(state, account_id=account_id, queue=queue, day=day), reserve_ms=reserve_ms)
 
 
 def start_admitted(*, slot_id: int, envelope: Envelope, worker: str) -> bool:
-    """ACTIVE on a claim's lease -> ACTIVE (running): the job admitted ahead starts; False when its
-    slot or its claim is gone (reclaimed, or held again): it must not run."""
+    """ACTIVE on a claim's lease -> ACTIVE (running); False when its slot or claim is gone: no run."""
     return db.fetch_one(QUERIES["start_admitted"], {"slot_id": slot_id, "job": envelope.job, "ref": envelope.ref,
                                                     "worker": worker}) is not None
 
 
 def unadmit(*, slot_id: int, account_id: int, queue: str, expired_before: dt.datetime | None = None) -> int | None:
-    """ACTIVE on a claim's lease -> (none): an admission whose run never started is undone (with
-    `expired_before`, only if its lease is still expired then). Returns its run's id (None: nothing
-    undone). (`account_id`, `queue`: the slot's, as its row says.)"""
+    """ACTIVE on a claim's lease -> (none), never started (with `expired_before`: if its lease is
+    still expired then). Returns its run's id, None when nothing was undone."""
     row = db.fetch_one(QUERIES["unadmit"], {"slot_id": slot_id, "expired_before": expired_before})
     return None if row is None else row["task_run_id"]
 
 
 def reserve_more(*, slot_id: int, usage_id: int, ms: int, checked: bool) -> bool:
-    """ACTIVE on a claim's lease -> the same: `ms` more reserved for a job admitted ahead that
-    estimates more. `checked`: the lock saw the account has it; else (a pass-on's job, no lock) only
-    if it has that much left."""
+    """ACTIVE on a claim's lease -> the same, `ms` more reserved: `checked` under the lock, else only
+    if its account has that much left."""
     return db.fetch_one(QUERIES["reserve_more"], {"slot_id": slot_id, "usage_id": usage_id, "ms": ms,
                                                   "checked": checked}) is not None

@@ -1,13 +1,8 @@
-"""The end of a running slot. Its lease: its watcher renews it (and grows its reservation); once it
-expired the reclaim takes the slot back (RECLAIMED), and a run that turns out to be alive may get it
-back (`revive`); under the account's lock but `renew` (budgets.running, budgets.reclaim).
-
-The settlement: ACTIVE (or DISPATCHED, RECLAIMED) -> (none), one statement without the lock
-(queries.sql `settle`): it only frees, and a slot it frees is never missed by a job being put on
-hold at the same moment, because both sides look again once they committed and one of them sees the
-other (budgets.admission.wake_when_committed, the watcher's look). Its pass-on of the slot to the
-account's next held job swaps one slot and its reservation for another (or carries the run's charge
-on), so slots taken and running, and used + reserved CPU, stay as they were.
+"""A running slot's lease and its end: its watcher renews it (and grows its reservation); once it
+expired the reclaim takes it back, and a run found alive may get it back (`revive`). The charge
+(queries.sql `settle`) takes no lock: it only frees, and a job held at the same moment is not missed,
+because both sides look again once they committed and one sees the other (budgets.admission
+.wake_when_committed); its pass-on swaps one slot and its reservation for another.
 """
 import datetime as dt
 
@@ -29,30 +24,25 @@ NO_PASS_ON = PassOn(worker="", day=dt.date.min, lease_s=0)
 
 
 def renew(*, slot_id: int, cpu_ms: int) -> bool:
-    """ACTIVE -> ACTIVE: a running slot reports its CPU and renews its lease; False when the slot is
-    no longer the run's (it was reclaimed while its worker was frozen, or settled)."""
+    """ACTIVE -> ACTIVE: its CPU reported, its lease renewed; False when it is no longer ACTIVE."""
     return Reservation.objects.filter(pk=slot_id, status=ReservationStatus.ACTIVE).update(
         cpu_reported_ms=cpu_ms, lease_expires_at=standing.run_lease_expiry()) == 1
 
 
 def grow(*, slot_id: int, usage_id: int, cpu_ms: int, ms: int) -> bool:
-    """ACTIVE -> ACTIVE: `renew`, and `ms` more CPU reserved (the lock saw the account has it).
-    False when the slot is gone."""
+    """ACTIVE -> ACTIVE: `renew`, and `ms` more CPU reserved (the lock saw the account has it)."""
     return db.fetch_one(QUERIES["grow"], {"slot_id": slot_id, "usage_id": usage_id, "cpu_ms": cpu_ms, "ms": ms,
                                           "lease": standing.run_lease_expiry()}) is not None
 
 
 def reclaim(*, slot: Reservation, charge_ms: int) -> None:
-    """ACTIVE -> RECLAIMED: a run whose lease expired (its worker died, or froze) is charged
-    `charge_ms` (what it reported), its slot and reservation given back; `slot` read with its row
-    locked."""
+    """ACTIVE -> RECLAIMED: its lease expired; charged `charge_ms` (what it reported)."""
     db.fetch_one(QUERIES["reclaim"], {"slot_id": slot.pk, "charge_ms": charge_ms})
 
 
 def revive(*, slot_id: int, account_id: int, queue: str, reserve_ms: int) -> int | None:
-    """RECLAIMED -> ACTIVE: a reclaimed run's frozen worker woke up, and its account (`account_id`
-    on `queue`) has a free slot (the lock saw it): the slot is its again, `reserve_ms` reserved.
-    Returns the slot's CPU charged so far, None when it is not reclaimed."""
+    """RECLAIMED -> ACTIVE: its frozen worker woke up to a free slot (the lock saw it). Returns the
+    CPU charged so far, None when it is not reclaimed."""
     row = db.fetch_one(QUERIES["revive"], {"slot_id": slot_id, "reserve_ms": reserve_ms,
                                            "lease": standing.run_lease_expiry()})
     return None if row is None else row["cpu_charged_ms"]
@@ -60,9 +50,8 @@ def revive(*, slot_id: int, account_id: int, queue: str, reserve_ms: int) -> int
 
 def charge(*, slot_id: int, account_id: int, queue: str, meter: Meter, cap_hit: bool, end: RunEnd,
            now: dt.datetime, pass_on: PassOn | None = None) -> Charged | None:
-    """ACTIVE (or DISPATCHED, RECLAIMED) -> (none): the slot deleted, the run's figures charged to
-    its day and recorded on its run (`end`); None when it was settled already (exactly once). With
-    `pass_on`, the slot goes on to the account's next held job when it may."""
+    """ACTIVE (or DISPATCHED, RECLAIMED) -> (none), charged and recorded on its run (`end`), with
+    `pass_on` passed on when it may; None when it was settled already (exactly once)."""
     step, carry_s = settings.FAIRSHARE["RESERVATION_STEP_MS"], settings.FAIRSHARE["CHARGE_CARRY_S"]
     passing = pass_on or NO_PASS_ON
     run = TaskRun(account_id=account_id, queue=queue, worker=passing.worker)

@@ -9,8 +9,7 @@ from scheduling.models import TaskRun
 
 @dataclass(frozen=True)
 class Claimed:
-    """A held job claimed for a worker with its slot: dispatched on the claim's lease, or (`run`
-    set) admitted ahead, `reserved_ms` reserved on the usage row `usage_id`: it only starts."""
+    """A held job claimed with its slot: dispatched, or (`run` set) admitted ahead: it only starts."""
 
     envelope: Envelope
     slot_id: int
@@ -25,7 +24,7 @@ class Claimed:
 
 @dataclass(frozen=True)
 class Charged:
-    """What a settlement's charge did, and what it saw of the holding area while it did."""
+    """What a charge did, and what it saw of the holding area."""
 
     task_run_id: int | None
     was_active: bool  # it ran (admitted); else it was only dispatched or claimed
@@ -37,8 +36,7 @@ class Charged:
 
 @dataclass(frozen=True)
 class PassOn:
-    """Asks a settlement's charge to pass the run's slot on, in the same statement, to the first job
-    of its account's line, claimed for `worker`, when it may (else the slot is freed as without)."""
+    """Asks a charge to pass the slot on to the account's first held job, claimed for `worker`."""
 
     worker: str
     day: dt.date  # today: a run charged to another day frees its slot instead
