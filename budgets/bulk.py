@@ -10,15 +10,13 @@ from dataclasses import replace
 from django.db import transaction
 from django.db.models import F
 
-from budgets import clock, standing
+from budgets import clock, ledger, standing
 from budgets.admission import wake_when_committed
-from budgets import ledger
 from budgets.locks import locked_standing
 from budgets.models import UsageDay
 from scheduling.envelope import Envelope
 from scheduling.holding import hold_many
 from scheduling.models import DeferReason
-
 
 # The reasons for which the batch's jobs held after the first wait queued behind it.
 BEHIND_THE_FIRST = (DeferReason.CONCURRENCY_CAP, DeferReason.RATE_LIMITED, DeferReason.WORKERS_BUSY)

@@ -8,8 +8,7 @@ from scheduling.gates import EnqueueGate, Wait
 
 
 class BudgetGate(EnqueueGate):
-    """Account work goes to the broker only into a free slot of an account with budget left today
-    and nothing in line before it; otherwise it waits in the holding area."""
+    """Account work goes to the broker only when its account may run it now; else it is held."""
 
     def admit(self, *, envelope: Envelope, queue: str) -> bool:
         return admission.admit_at_enqueue(envelope=envelope, queue=queue)

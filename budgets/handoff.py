@@ -9,8 +9,7 @@ from dataclasses import replace
 
 from django.db import transaction
 
-from budgets import clock, standing
-from budgets import ledger
+from budgets import clock, ledger, standing
 from budgets.ledger import Claimed
 from budgets.locks import locked_standing
 from budgets.standing import Standing
@@ -44,10 +43,8 @@ def release(*, account_id: int, queue: str, state: Standing, day: dt.date, limit
 def throttle(*, account_id: int, queue: str, state: Standing) -> None:
     """Under the lock: a line that may not go for a time (budget spent, rate limit reached) is held
     up until then (scheduling.holding.block): no pull, hand-off or release looks at it meanwhile."""
-    if not state.in_line:
-        return
     now = clock.now()
-    refused = standing.refusal(state, now, pause=True)
+    refused = standing.refusal(state, now, pause=True) if state.in_line else None
     if refused is not None and refused[0] in ACCOUNT_WAITS_REASONS and refused[1] > now:
         holding.block(account_id=account_id, queue=queue, until=refused[1], reason=refused[0])
 
@@ -100,8 +97,9 @@ def claim_next(*, account_id: int, queue: str, state: Standing, day: dt.date, wo
                                 yield_to_broker=yield_to_broker)
     # A step (what the claim statement can know); the rest of a larger estimate once it says which job.
     step_ms = standing.first_reservation_ms(state, 0)
-    claimed = ledger.claim_and_admit(account_id=account_id, queue=queue, state=state, day=day, worker=worker,
-                                     reserve_ms=step_ms, yield_to_broker=yield_to_broker)
+    claimed = ledger.claim_for(account_id=account_id, queue=queue, day=day, worker=worker, reserve_ms=step_ms,
+                               usage=ledger.usage_id(state, account_id=account_id, queue=queue, day=day),
+                               yield_to_broker=yield_to_broker)
     if claimed is None:
         return None
     estimate_ms = get_job(claimed.envelope.job).cpu_estimate_ms

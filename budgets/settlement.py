@@ -8,10 +8,9 @@ from dataclasses import dataclass
 
 from django.db import transaction
 
-from budgets import clock, standing
+from budgets import clock, ledger, standing
 from budgets.admission import hold_and_wake
 from budgets.handoff import claim_next, passed_on, release_locked, release_next
-from budgets import ledger
 from budgets.ledger import Claimed, PassOn
 from budgets.locks import lock, locked_standing
 from budgets.standing import Standing
@@ -31,12 +30,10 @@ class Settled:
     waiting: bool = True  # some account's held work on the queue may wait for a worker (False: a pull finds none)
 
 
-def settle(
-    *, slot_id: int, account_id: int, queue: str, meter: Meter, outcome: str | None = None, items: int = 0,
-    error: BaseException | None = None, cap_hit: bool = False, slot_lost: bool = False,
-    envelope: Envelope | None = None, hand_to: str | None = None, from_line: bool = False,
-    look_again_later: Callable[..., None] | None = None,
-) -> Settled | None:
+def settle(*, slot_id: int, account_id: int, queue: str, meter: Meter, outcome: str | None = None, items: int = 0,
+           error: BaseException | None = None, cap_hit: bool = False, slot_lost: bool = False,
+           envelope: Envelope | None = None, hand_to: str | None = None, from_line: bool = False,
+           look_again_later: Callable[..., None] | None = None) -> Settled | None:
     """Settle a run (None: settled already), with `outcome` how it ended. A run stopped by the cap
     (`cap_hit`) or whose slot was lost is held again. The freed slot goes to the account's first held
     job, claimed for worker `hand_to` (returned) or released; from the line (`from_line`) the charge
@@ -51,7 +48,7 @@ def settle(
     pass_on = PassOn(worker=hand_to, day=day, lease_s=standing.claim_lease_s()) if hand_to and from_line else None
     # Recorded as finished in the statement that frees its slot: before the next run on it starts.
     charged = ledger.charge(slot_id=slot_id, account_id=account_id, queue=queue, meter=meter, cap_hit=cap_hit,
-                              end=end, now=now, pass_on=pass_on)
+                            end=end, now=now, pass_on=pass_on)
     if charged is None:
         return None
     if charged.passed is not None:
@@ -78,7 +75,7 @@ def _settle_and_hold(*, slot_id: int, account_id: int, queue: str, meter: Meter,
     with transaction.atomic():
         lock(account_id=account_id, queue=queue)
         charged = ledger.charge(slot_id=slot_id, account_id=account_id, queue=queue, meter=meter, cap_hit=cap_hit,
-                                  end=end, now=now)
+                                end=end, now=now)
         if charged is None:
             return None
         state = ledger.standing(account_id=account_id, queue=queue, day=day)

@@ -42,8 +42,7 @@ class _PreparedCursor(psycopg.Cursor):
 
 
 class _LoggedCursor(CursorDebugWrapper):
-    """Django's query log (DEBUG, CaptureQueriesContext) shows the statement with its values
-    (Django reads them from a client-side binding cursor, which this is not)."""
+    """Django's query log (DEBUG, CaptureQueriesContext) with the statement's values composed in."""
 
     def execute(self, sql, params=None):
         with self.debug_sql(self.db.ops.compose_sql(sql, params) if params else sql):
@@ -51,8 +50,7 @@ class _LoggedCursor(CursorDebugWrapper):
 
 
 def cursor() -> CursorWrapper:
-    """Django's cursor for this thread's default connection (its wrappers, query logging and error
-    wrapping included), preparing its statements where that is possible."""
+    """Django's cursor for this thread's default connection (its wrappers included), preparing."""
     connection = connections[DEFAULT_DB_ALIAS]  # once: each attribute of django.db.connection is a lookup
     if not settings.FAIRSHARE["PREPARED_STATEMENTS"]:
         return connection.cursor()
@@ -66,10 +64,9 @@ def cursor() -> CursorWrapper:
 
 
 def load_queries(path: Path) -> dict[str, str]:
-    """The statements of a .sql file, by name: each starts at a `-- name: <name>` line and runs to
-    the next; its comment lines are left out, its lines stripped and joined by one space (psycopg
-    caches its conversion of the named placeholders for statements of at most 4,096 bytes and 50
-    parameters given)."""
+    """The statements of a .sql file by name, each from its `-- name: <name>` line to the next, its
+    comment lines left out, its lines stripped and joined by one space (psycopg caches its placeholders'
+    conversion for statements of at most 4,096 bytes given at most 50 parameters)."""
     queries: dict[str, str] = {}
     for chunk in re.split(r"^-- name: ", path.read_text(), flags=re.MULTILINE)[1:]:
         name, _, body = chunk.partition("\n")

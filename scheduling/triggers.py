@@ -6,6 +6,8 @@ of a row's account, queue, place in line or reason (a claim, which changes none,
 """
 from dataclasses import dataclass
 
+from django.db import migrations
+
 NOT_BLOCKED = "TIMESTAMPTZ '1970-01-01 00:00:00+00'"
 
 
@@ -13,8 +15,7 @@ NOT_BLOCKED = "TIMESTAMPTZ '1970-01-01 00:00:00+00'"
 class Triggers:
     reasons: tuple[str, ...]
     # Count each reason only for the jobs out of their account's line (waiting for a time of their
-    # own): a job in line waits for whatever its line waits for now (scheduling.waits), and the
-    # reason it was held for goes stale. Migrations before 0021 counted every held job.
+    # own): a job in line waits for its line (scheduling.waits). Migrations before 0021 counted all.
     own_time: bool = False
 
     @property
@@ -23,8 +24,7 @@ class Triggers:
         return ("held", "in_line", *self.reasons)
 
     def _counted(self, row: str = "") -> tuple[str, ...]:
-        """Each count, in `counts`' order: of a set of held rows (aggregates), or of one `row`
-        (`OLD`, `NEW`) as 0 or 1."""
+        """Each count in `counts`' order: of a set of held rows, or of one `row` (`OLD`, `NEW`) as 0/1."""
         out_of_line = f" AND {f'{row}.' if row else ''}in_line_since IS NULL" if self.own_time else ""
         if not row:
             return ("count(*)", "count(in_line_since)",
@@ -100,6 +100,4 @@ DROP FUNCTION scheduling_backlog_add();
 def rewritten(before: Triggers, after: Triggers, *operations) -> list:
     """A migration's `operations` between the triggers dropped and created again with `after`'s
     reasons (backwards: with `before`'s)."""
-    from django.db import migrations
-
     return [migrations.RunPython(drop, before.create), *operations, migrations.RunPython(after.create, drop)]

@@ -15,8 +15,7 @@ _FIELDS = tuple(TaskCall._meta.concrete_fields)
 
 
 def insert(call: TaskCall) -> bool:
-    """Store a new call; False when its account is missing or inactive, in which case the row went
-    in without it: the caller undoes it (tasks.services.call_enqueue)."""
+    """Store a new call; False when its account is missing or inactive (then stored without it)."""
     connection = connections[DEFAULT_DB_ALIAS]
     params = {f.column: f.get_db_prep_save(f.pre_save(call, True), connection) for f in _FIELDS}
     return db.fetch_one(QUERIES["insert"], params)["account_id"] == call.account_id

@@ -23,8 +23,7 @@ AT_ONCE_TRIES = 2
 
 
 def dispatch_or_hold(*, envelope: Envelope, queue: str, day: dt.date, workers_free: bool = True) -> bool | None:
-    """(none) -> DISPATCHED without the lock (queries.sql `dispatch_or_hold`): True when the job
-    took a slot, False when it joined the account's line; None when the lock must decide."""
+    """(none) -> DISPATCHED (True) or held (False) without the lock; None when the lock must decide."""
     row = db.fetch_one(QUERIES["dispatch_or_hold"], {"workers_free": workers_free,
         "account_id": envelope.account, "queue": queue, "day": day, "job": envelope.job, "ref": envelope.ref,
         "priority": envelope.priority, "lease": standing.dispatch_lease_expiry(), "created_at": timezone.now(),
@@ -107,8 +106,9 @@ def claim_params(*, run: TaskRun, now: dt.datetime, lease_s: float) -> dict[str,
 
 def claim_for(*, account_id: int, queue: str, day: dt.date, worker: str, yield_to_broker: bool,
               usage: int | None = None, reserve_ms: int = 0) -> Claimed | None:
-    """(a held job) -> DISPATCHED on the claim's lease (with `usage`: ACTIVE, `claim_and_admit`): the
-    account's first held job claimed for `worker`, unless (`yield_to_broker`) the broker's job waits."""
+    """(a held job) -> DISPATCHED on the claim's lease, or with `usage` ACTIVE on it (admitted ahead,
+    `reserve_ms` reserved on that usage row): the account's first held job claimed for `worker`,
+    unless (`yield_to_broker`) the broker's job waits. Under the lock, which saw the standing."""
     admit = usage is not None
     run = TaskRun(account_id=account_id, queue=queue, worker=worker)
     row = db.fetch_one(QUERIES["claim"], {
@@ -122,13 +122,6 @@ def claim_for(*, account_id: int, queue: str, day: dt.date, worker: str, yield_t
         return Claimed(envelope, row["id"])
     run.pk, run.job, run.ref = row["task_run_id"], row["job"], row["ref"]
     return Claimed(envelope, row["id"], run=run, reserved_ms=reserve_ms, usage_id=usage)
-
-
-def claim_and_admit(*, account_id: int, queue: str, state: Standing, day: dt.date, worker: str, reserve_ms: int,
-                    yield_to_broker: bool) -> Claimed | None:
-    """(a held job) -> ACTIVE on the claim's lease: `claim_for`, admitted ahead in its statement."""
-    return claim_for(account_id=account_id, queue=queue, day=day, worker=worker, yield_to_broker=yield_to_broker,
-                     usage=usage_id(state, account_id=account_id, queue=queue, day=day), reserve_ms=reserve_ms)
 
 
 def start_admitted(*, slot_id: int, envelope: Envelope, worker: str) -> bool:

@@ -16,11 +16,10 @@ from scheduling.liveness import running_workers
 
 QUERIES = db.load_queries(Path(__file__).with_name("queries.sql"))
 IN_FLIGHT = (ReservationStatus.DISPATCHED, ReservationStatus.ACTIVE)
-# A claimant yields to the broker when a job sent there has waited this long without starting (every
-# worker is busy): about two polls of FAIRSHARE_POLL's default, so a message about to be fetched
-# does not count. And no longer once it has waited this long: then its message was most likely lost
-# (a killed worker's, with Redis), and the reclaim sends it again; till then work would wait in line
-# for workers that yield to a message that never comes.
+# A claimant yields to the broker when a job sent there waited this long without starting (every
+# worker busy): about two polls, so a message about to be fetched does not count. And no longer
+# once it waited this long: its message was most likely lost (a killed worker's, with Redis), and
+# the reclaim sends it again; till then work would wait for workers yielding to nothing.
 BROKER_WAIT_YIELD_S = 0.25
 BROKER_WAIT_FORGET_S = 60.0
 
@@ -33,16 +32,14 @@ def broker_window() -> dict[str, dt.datetime]:
 
 
 def may_take_over() -> Q:
-    """Held jobs whose expired claim a release may take over: the rule fairshare_job_slots (budgets'
-    migration 0012) for the ORM."""
+    """Held jobs whose expired claim a release may take over: fairshare_job_slots' rule, for the ORM."""
     slot = Reservation.objects.filter(account_id=OuterRef("account_id"), queue=OuterRef("queue"), status__in=IN_FLIGHT,
                                       job=OuterRef("job"), ref=OuterRef("ref"))
     return Q(claim_expires_at__isnull=True) | ~Exists(slot)
 
 
 def lock(*, account_id: int, queue: str) -> bool:
-    """Lock the account's Budget row on the queue (a new version, which `admit_at_once` checks);
-    False when it has none."""
+    """Lock the account's Budget row (a new version: `admit_at_once` checks it); False without one."""
     return db.fetch_one(QUERIES["lock"], {"account_id": account_id, "queue": queue}) is not None
 
 
@@ -67,8 +64,7 @@ def usage_id(state: Standing, *, account_id: int, queue: str, day: dt.date) -> i
 
 
 def ready_accounts(*, queue: str | None, limit: int | None = None) -> list[Ready]:
-    """Accounts whose line on the queue (None: each queue) could go now with a free slot, in fair
-    order (weighted max-min fair: queries.sql `ready_accounts`)."""
+    """Accounts whose line on the queue (None: each) could go now with a free slot, in fair order."""
     if queue is None:
         return [ready for q in Queue.values for ready in ready_accounts(queue=q, limit=limit)]
     with db.cursor() as cursor:

@@ -41,8 +41,7 @@ def reclaim(*, slot: Reservation, charge_ms: int) -> None:
 
 
 def revive(*, slot_id: int, account_id: int, queue: str, reserve_ms: int) -> int | None:
-    """RECLAIMED -> ACTIVE: its frozen worker woke up to a free slot (the lock saw it). Returns the
-    CPU charged so far, None when it is not reclaimed."""
+    """RECLAIMED -> ACTIVE: its frozen worker woke to a free slot; its CPU charged (None: not reclaimed)."""
     row = db.fetch_one(QUERIES["revive"], {"slot_id": slot_id, "reserve_ms": reserve_ms,
                                            "lease": standing.run_lease_expiry()})
     return None if row is None else row["cpu_charged_ms"]
