@@ -30,8 +30,7 @@ def admit_many_at_enqueue(*, envelopes: list[Envelope], queue: str) -> list[bool
     verdicts = [False] * len(envelopes)
     now = clock.now()
     day = clock.budget_day(now)
-    # What the queue's workers could start now, read once for the batch: the accounts' sends take
-    # from it in turn, and what it leaves waits in line (`ledger.idle_workers`).
+    # What the queue's workers could start now, read once: the accounts' sends take from it in turn.
     idle = ledger.idle_workers(queue=queue)
     broker_waiting = functools.cache(lambda: ledger.broker_waiting(queue=queue))
 
@@ -58,7 +57,8 @@ def admit_many_at_enqueue(*, envelopes: list[Envelope], queue: str) -> list[bool
                 reason, eligible_at = standing.refusal(after, now, line=True, workers_busy=busy(idle))
                 behind = DeferReason.QUEUED_BEHIND if reason in BEHIND_THE_FIRST else reason
                 hold_many(envelopes=[envelopes[wait[0]]], queue=queue, reason=reason, eligible_at=eligible_at)
-                hold_many(envelopes=[envelopes[i] for i in wait[1:]], queue=queue, reason=behind, eligible_at=eligible_at)
+                hold_many(envelopes=[envelopes[i] for i in wait[1:]], queue=queue, reason=behind,
+                          eligible_at=eligible_at)
                 wake_when_committed(account_id=account_id, queue=queue, reason=reason, eligible_at=eligible_at)
                 usage_id = ledger.usage_id(state, account_id=account_id, queue=queue, day=day)
                 UsageDay.objects.filter(pk=usage_id).update(deferrals=F("deferrals") + len(wait))

@@ -4,9 +4,9 @@ budgets.ledger under the account's lock, or within one statement). CPU is reserv
 from what the account has left, so its runs together cannot spend more than its daily cap.
 
 A rate limit ("at most N starts in any P seconds") is a sliding window over the recorded starts
-(TaskRun.started_at), at most N index entries (fairshare_window): chosen over GCRA because the
-starts are recorded anyway, so it keeps no state of its own, and because it is exact, as an operator
-(or a third-party quota) checks it. Starts are decided under the lock: none takes a window's last twice.
+(TaskRun.started_at), at most N index entries (fairshare_window), chosen over GCRA: it keeps no state
+of its own, and it is exact, as an operator (or a third-party quota) checks it. Starts are decided
+under the lock, so two never take a window's last start both.
 """
 import datetime as dt
 from collections.abc import Callable

@@ -89,10 +89,9 @@ TRUST_QUIET_FOR_S = 5.0
 
 
 def trust_quiet_connection() -> None:
-    """Spare the round trip of Django's health check (CONN_HEALTH_CHECKS: once per task in a worker)
-    when the connection served the previous task moments ago and its socket has nothing to read: an
-    idle PostgreSQL session receives nothing it did not ask for, so anything there (the server's
-    goodbye, end of file) means it is gone, and Django's ping runs. Called at the start of each task."""
+    """At a task's start, spare Django's health check (a round trip a task) when the connection served
+    the previous task moments ago and its socket has nothing to read: an idle session receives nothing
+    it did not ask for, so anything there (the server's goodbye, end of file) means it is gone."""
     connection = connections[DEFAULT_DB_ALIAS]
     raw = connection.connection
     if raw is None:
@@ -108,10 +107,9 @@ def trust_quiet_connection() -> None:
 
 
 def close_old_connections() -> None:
-    """Close this thread's connections that died or were left unusable; keep healthy ones. Not
-    Django's: that also closes connections past CONN_MAX_AGE (with 0, every one: a new connection
-    per task), and inside a caller's transaction (django-q2 `sync` mode, an on-commit callback in an
-    outer atomic block) it would close the connection under its caller."""
+    """Close this thread's connections that died or were left unusable. Not Django's: that also closes
+    those past CONN_MAX_AGE (with 0, every one: a connection a task), and inside a caller's transaction
+    (django-q2 `sync` mode, an on-commit callback) it would close the connection under its caller."""
     for conn in connections.all(initialized_only=True):
         if conn.connection is None or conn.in_atomic_block:
             continue
