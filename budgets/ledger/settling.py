@@ -54,9 +54,10 @@ def charge(*, slot_id: int, account_id: int, queue: str, meter: Meter, cap_hit: 
     step, carry_s = settings.FAIRSHARE["RESERVATION_STEP_MS"], settings.FAIRSHARE["CHARGE_CARRY_S"]
     passing = pass_on or NO_PASS_ON
     run = TaskRun(account_id=account_id, queue=queue, worker=passing.worker)
+    ended = end.params()  # its end first: the run it passes its slot on to starts after it
     claim = claim_params(run=run, now=now, lease_s=passing.lease_s)
     row = db.fetch_one(QUERIES["settle"], {
-        **end.params(), **claim, "slot_id": slot_id, "account_id": account_id, "queue": queue, "cpu_ms": meter.cpu_ms,
+        **ended, **claim, "slot_id": slot_id, "account_id": account_id, "queue": queue, "cpu_ms": meter.cpu_ms,
         "wall_ms": meter.wall_ms, "db_wait_ms": round(meter.db_wait_ms), "storage_wait_ms": round(meter.storage_wait_ms),
         "cap_hits": 1 if cap_hit else 0, "pass_on": pass_on is not None, "today": passing.day, "step_ms": step,
         "keep_at_least": max(1, step // 2), "carry": carry_s > 0,
