@@ -1,14 +1,7 @@
-"""The enqueue-time check for a batch (`scheduling.runtime.enqueue_many`): a flood of one
-account's jobs is decided in one transaction per account instead of one check per job.
-
-Under the account's lock it sends as many as fit the account's free slots, the starts its rate
-limit has left and the queue's idle workers (budgets.ledger.idle_workers: what the broker holds
-stays as short as the workers that could start it; each dispatched, as
-budgets.admission.admit_at_enqueue would) when the account has budget left and nothing in line,
-and holds the rest with one insert, in order: the first for the reason it could not go, the
-others queued behind it. The busy workers' loops take them from the line in the fair order.
+"""The enqueue-time check for a batch (`scheduling.runtime.enqueue_many`), one transaction per
+account: under its lock as many go as fit its free slots, its rate limit's starts and the queue's
+idle workers, when `refusal` lets them; the rest are held in order, the first for the reason.
 """
-import datetime as dt
 import functools
 from collections import defaultdict
 from collections.abc import Callable
@@ -17,15 +10,16 @@ from dataclasses import replace
 from django.db import transaction
 from django.db.models import F
 
-from budgets import clock, standing
+from budgets import clock, ledger, standing
 from budgets.admission import wake_when_committed
-from budgets import ledger
 from budgets.locks import locked_standing
 from budgets.models import UsageDay
-from budgets.standing import Standing
 from scheduling.envelope import Envelope
 from scheduling.holding import hold_many
 from scheduling.models import DeferReason
+
+# The reasons for which the batch's jobs held after the first wait queued behind it.
+BEHIND_THE_FIRST = (DeferReason.CONCURRENCY_CAP, DeferReason.RATE_LIMITED, DeferReason.WORKERS_BUSY)
 
 
 def admit_many_at_enqueue(*, envelopes: list[Envelope], queue: str) -> list[bool]:
@@ -36,8 +30,7 @@ def admit_many_at_enqueue(*, envelopes: list[Envelope], queue: str) -> list[bool
     verdicts = [False] * len(envelopes)
     now = clock.now()
     day = clock.budget_day(now)
-    # What the queue's workers could start now, read once for the batch: the accounts' sends take
-    # from it in turn, and what it leaves waits in line (`ledger.idle_workers`).
+    # What the queue's workers could start now, read once: the accounts' sends take from it in turn.
     idle = ledger.idle_workers(queue=queue)
     broker_waiting = functools.cache(lambda: ledger.broker_waiting(queue=queue))
 
@@ -62,19 +55,11 @@ def admit_many_at_enqueue(*, envelopes: list[Envelope], queue: str) -> list[bool
                 # `fits` took their slots (each on its way, for the rate limit as for the cap).
                 after = replace(state, in_flight=state.in_flight + fits)
                 reason, eligible_at = standing.refusal(after, now, line=True, workers_busy=busy(idle))
-                _hold(state, [envelopes[i] for i in wait], account_id=account_id, queue=queue, day=day, now=now,
-                      reason=reason, eligible_at=eligible_at)
+                behind = DeferReason.QUEUED_BEHIND if reason in BEHIND_THE_FIRST else reason
+                hold_many(envelopes=[envelopes[wait[0]]], queue=queue, reason=reason, eligible_at=eligible_at)
+                hold_many(envelopes=[envelopes[i] for i in wait[1:]], queue=queue, reason=behind,
+                          eligible_at=eligible_at)
+                wake_when_committed(account_id=account_id, queue=queue, reason=reason, eligible_at=eligible_at)
+                usage_id = ledger.usage_id(state, account_id=account_id, queue=queue, day=day)
+                UsageDay.objects.filter(pk=usage_id).update(deferrals=F("deferrals") + len(wait))
     return verdicts
-
-
-def _hold(state: Standing, envelopes: list[Envelope], *, account_id: int, queue: str, day: dt.date,
-          now: dt.datetime, reason: str, eligible_at: dt.datetime) -> None:
-    hold_many(envelopes=envelopes[:1], queue=queue, reason=reason, eligible_at=eligible_at)
-    if len(envelopes) > 1:
-        behind = DeferReason.QUEUED_BEHIND if reason in (DeferReason.CONCURRENCY_CAP, DeferReason.RATE_LIMITED,
-                                                         DeferReason.WORKERS_BUSY) \
-            else reason
-        hold_many(envelopes=envelopes[1:], queue=queue, reason=behind, eligible_at=eligible_at)
-    wake_when_committed(account_id=account_id, queue=queue, reason=reason, eligible_at=eligible_at)
-    usage_id = ledger.usage_id(state, account_id=account_id, queue=queue, day=day)
-    UsageDay.objects.filter(pk=usage_id).update(deferrals=F("deferrals") + len(envelopes))

@@ -1,7 +1,6 @@
 """The budget gate: budgets' enqueue-time check and the held work a free worker runs next,
 plugged into the kernel through FAIRSHARE["ENQUEUE_GATES"] (scheduling.gates.EnqueueGate)."""
 from budgets import admission, bulk, handoff, reclaim, waits
-from budgets.ledger import Claimed
 from budgets.middleware import RunSlot
 from scheduling.context import Handoff, TaskContext
 from scheduling.envelope import Envelope
@@ -9,8 +8,7 @@ from scheduling.gates import EnqueueGate, Wait
 
 
 class BudgetGate(EnqueueGate):
-    """Account work goes to the broker only into a free slot of an account with budget left today
-    and nothing in line before it; otherwise it waits in the holding area."""
+    """Account work goes to the broker only when its account may run it now; else it is held."""
 
     def admit(self, *, envelope: Envelope, queue: str) -> bool:
         return admission.admit_at_enqueue(envelope=envelope, queue=queue)
@@ -25,16 +23,15 @@ class BudgetGate(EnqueueGate):
         return handoff.release_due(idle_workers=idle_workers)
 
     def next_for(self, *, queue: str, worker: str, after: TaskContext) -> Handoff | None:
-        """The job the run's settlement handed its slot on to, else one pulled in fair order:
-        unless the settlement saw no held work of the queue that could go, or the worker's loop
-        has no room for another run."""
+        """The job the run's settlement handed its slot on to, else one pulled in fair order (unless
+        the settlement saw no held work that could go, or the worker's loop has no room)."""
         settled = after.admission.settled if isinstance(after.admission, RunSlot) else None
-        if settled is not None and settled.handed_to is not None:
-            return _handoff(settled.handed_to)
-        if (settled is not None and not settled.waiting) or not after.may_run_next():
+        claimed = settled.handed_to if settled is not None else None
+        if claimed is None and (settled is None or settled.waiting) and after.may_run_next():
+            claimed = handoff.fetch_next(queue=queue, worker=worker)
+        if claimed is None:
             return None
-        claimed = handoff.fetch_next(queue=queue, worker=worker)
-        return _handoff(claimed) if claimed is not None else None
+        return Handoff(claimed.envelope, run=claimed.run, admission=claimed if claimed.admitted else None)
 
     def worker_died(self, *, worker: str) -> int:
         return reclaim.reclaim_worker(worker=worker)
@@ -42,6 +39,3 @@ class BudgetGate(EnqueueGate):
     def explain_lines(self, *, lines: set[tuple[int, str]]) -> dict[tuple[int, str], Wait]:
         return waits.line_waits(lines=lines)
 
-
-def _handoff(claimed: Claimed) -> Handoff:
-    return Handoff(claimed.envelope, run=claimed.run, admission=claimed if claimed.admitted else None)

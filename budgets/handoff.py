@@ -1,33 +1,15 @@
 """Where a freed slot goes: to the first job of its account's line, released to the broker
-(`release`), or, for work conservation, claimed for a free worker that runs it without a broker
-round trip.
-
-Two ways to claim, both deciding under the account's lock and both taking the job's slot in the
-same statement as the claim on the held row (budgets.ledger `claim_and_admit`, `claim_for`):
-- hand-off: a settlement that frees a slot gives it to the same account's first held job and
-  returns it to the settling worker (`claim_next`, called by budgets.settlement);
-- pull: a worker with nothing handed off claims another account's job into a free slot, in fair
-  order (`fetch_next`): accounts with the fewest slots in use for their weight first, then the one
-  waiting longest. A settlement that sees another account's line could go leaves its freed slot to
-  this order (its worker pulls) instead of handing it to its own account's next job.
-(A third, the pass-on, is the settlement's own statement: budgets.settlement.)
-
-The worker runs the claimed job at once (scheduling.runtime.execute); its admission was made ahead
-(it only starts: budgets.admission.start_admitted) or takes over the claimed slot. If the worker
-dies first, the claim and the slot expire together and the job is released again: nothing is
-lost, and a claimant that lost its claim does not run the job, so nothing runs twice.
-
-What these read as held jobs and accounts grow: the account's standing and the first rows of its
-line (O(log n)); a pull and the pulse's `release_due` the accounts whose line could go now
-(budgets.ledger `ready_accounts`), never the held jobs.
+(`release`), or claimed for a free worker that runs it without a broker round trip, under the
+account's lock: handed to the settling worker (`claim_next`, from budgets.settlement), or pulled by
+a worker with nothing handed to it, in fair order (`fetch_next`). If the claimant dies before the
+run starts, claim and slot expire together and the job is released again: nothing lost or run twice.
 """
 import datetime as dt
 from dataclasses import replace
 
 from django.db import transaction
 
-from budgets import clock, standing
-from budgets import ledger
+from budgets import clock, ledger, standing
 from budgets.ledger import Claimed
 from budgets.locks import locked_standing
 from budgets.standing import Standing
@@ -36,8 +18,7 @@ from scheduling.envelope import Envelope
 from scheduling.models import ACCOUNT_WAITS_REASONS
 from scheduling.registry import get_job
 
-# How many accounts a pull looks at before it gives up (each one it cannot use is passed over: its
-# share grew past the next one's since the order was read, or the slot it had free was taken).
+# How many accounts a pull looks at before it gives up (one it cannot use is passed over).
 PULL_CANDIDATES = 4
 # How many accounts' lines one tick of the pulse releases into free slots (the next takes the rest).
 RELEASE_BATCH = 200
@@ -45,11 +26,8 @@ RELEASE_BATCH = 200
 
 def release(*, account_id: int, queue: str, state: Standing, day: dt.date, limit: int | None = None,
             for_idle_worker: bool = False) -> int:
-    """Under the lock: send the first jobs of the account's line into its free slots (each
-    dispatched), as many as its standing lets go (`releasable`), at most `limit`. None while a job
-    sent to the broker on the queue waits for a worker, unless an idle worker asks
-    (`for_idle_worker`): every worker is busy, and each one's loop takes the line's work in the fair
-    order once the broker's job started (what the broker holds would run first in, first out)."""
+    """Under the lock: the first `releasable` jobs of the line (at most `limit`) to the broker; none
+    while the broker's job waits, unless an idle worker asks: busy workers take them in fair order."""
     n = standing.releasable(state) if limit is None else min(limit, standing.releasable(state))
     if n <= 0:
         throttle(account_id=account_id, queue=queue, state=state)
@@ -63,14 +41,10 @@ def release(*, account_id: int, queue: str, state: Standing, day: dt.date, limit
 
 
 def throttle(*, account_id: int, queue: str, state: Standing) -> None:
-    """Under the lock: an account whose line lets nothing go for a time (its budget spent until the
-    next budget day, its rate limit reached until the oldest start leaves the window) has its line
-    held up until then (scheduling.holding.block): until then no pull, hand-off or release looks at
-    it, and the accounts that could run are found without it."""
-    if not state.in_line:
-        return
+    """Under the lock: a line that may not go for a time (budget spent, rate limit reached) is held
+    up until then (scheduling.holding.block): no pull, hand-off or release looks at it meanwhile."""
     now = clock.now()
-    refused = standing.refusal(state, now, pause=True)
+    refused = standing.refusal(state, now, pause=True) if state.in_line else None
     if refused is not None and refused[0] in ACCOUNT_WAITS_REASONS and refused[1] > now:
         holding.block(account_id=account_id, queue=queue, until=refused[1], reason=refused[0])
 
@@ -85,8 +59,7 @@ def release_locked(*, account_id: int, queue: str, limit: int | None = None, for
 
 
 def release_if_ready(*, account_id: int, queue: str) -> int:
-    """A look made after a commit (a hold's, a settlement's): when the account's standing, read
-    without the lock, lets held work go, release it under the lock. Returns how many went."""
+    """A look after a commit: when the standing read without the lock lets held work go, `release_locked`."""
     state = ledger.standing(account_id=account_id, queue=queue, day=clock.budget_day())
     if state is None or not standing.releasable(state):
         return 0
@@ -94,9 +67,7 @@ def release_if_ready(*, account_id: int, queue: str) -> int:
 
 
 def release_next(*, queue: str) -> int:
-    """A freed slot whose worker goes back to the broker while several accounts wait: the next job
-    of the account whose turn it is (the fair order) goes to the broker, not the settling account's
-    (which would keep each worker on its account). Outside a transaction. Returns how many went."""
+    """A freed slot whose worker goes back to the broker: the next job in fair order goes there."""
     for ready in ledger.ready_accounts(queue=queue, limit=PULL_CANDIDATES):
         if release_locked(account_id=ready.account_id, queue=queue, limit=1):
             return 1
@@ -104,83 +75,59 @@ def release_next(*, queue: str) -> int:
 
 
 def release_due(*, idle_workers: dict[str, int] | None = None) -> int:
-    """The pulse's tick for budgets: the lines of the accounts that could run now and have a free
-    slot go into their free slots, in fair order. With `idle_workers` (per queue) only as many jobs
-    as there are idle workers, one per account in fair order: work for the busy workers is theirs
-    to take by hand-off and pull, which keep to the fair order (what the broker holds runs in the
-    order it was sent). Returns how many jobs went."""
+    """The pulse's tick: the lines that could go now into their free slots, in fair order; with
+    `idle_workers` (per queue) one job per account, as many as idle workers. Returns how many went."""
     if idle_workers is None:
         return sum(release_locked(account_id=ready.account_id, queue=ready.queue)
                    for ready in ledger.ready_accounts(queue=None, limit=RELEASE_BATCH))
-    sent = 0
-    for queue, idle in idle_workers.items():
-        if idle > 0:
-            sent += sum(release_locked(account_id=ready.account_id, queue=queue, limit=1, for_idle_worker=True)
-                        for ready in ledger.ready_accounts(queue=queue, limit=idle))
-    return sent
+    return sum(release_locked(account_id=ready.account_id, queue=queue, limit=1, for_idle_worker=True)
+               for queue, idle in idle_workers.items() if idle > 0
+               for ready in ledger.ready_accounts(queue=queue, limit=idle))
 
 
 def claim_next(*, account_id: int, queue: str, state: Standing, day: dt.date, worker: str,
              yield_to_broker: bool = True) -> Claimed | None:
-    """Under the account's lock (a settlement that freed a slot, or a pull): claim the first job of
-    its line for `worker` into the free slot, unless (`yield_to_broker`) a job sent to the broker
-    on the queue waits for a worker: then the caller releases it to the broker instead, behind
-    what waits there.
-
-    The claimed job is admitted at once, in the same statement (its slot made active, a step
-    reserved, its run recorded as started), when its account may start it (`Standing.may_start`);
-    it then only starts. The claim stays until the job starts: if `worker` dies first, the claim
-    and the slot expire together and the reclaim undoes the admission and releases the job.
-    Otherwise its own admission decides when it starts, as for any claimed job."""
+    """Under the lock: the first job of the line claimed for `worker` into a free slot (unless
+    `yield_to_broker` and the broker's job waits), admitted ahead when `Standing.may_start`."""
     if not standing.releasable(state):
-        # Nothing in line, paused, or it would only be held again until a run gives budget back or
-        # a start leaves its rate limit's window.
         throttle(account_id=account_id, queue=queue, state=state)
         return None
     if not state.may_start:
         return ledger.claim_for(account_id=account_id, queue=queue, day=day, worker=worker,
-                                  yield_to_broker=yield_to_broker)
-    # A step (what the claim statement can know); a job that estimates more reserves the rest
-    # once the claim says which job it is.
+                                yield_to_broker=yield_to_broker)
+    # A step (what the claim statement can know); the rest of a larger estimate once it says which job.
     step_ms = standing.first_reservation_ms(state, 0)
-    claimed = ledger.claim_and_admit(account_id=account_id, queue=queue, state=state, day=day, worker=worker,
-                                       reserve_ms=step_ms, yield_to_broker=yield_to_broker)
+    claimed = ledger.claim_for(account_id=account_id, queue=queue, day=day, worker=worker, reserve_ms=step_ms,
+                               usage=ledger.usage_id(state, account_id=account_id, queue=queue, day=day),
+                               yield_to_broker=yield_to_broker)
     if claimed is None:
         return None
-    more = standing.first_reservation_ms(state, get_job(claimed.envelope.job).cpu_estimate_ms) - step_ms
-    if more > 0:
-        ledger.reserve_more(slot_id=claimed.slot_id, usage_id=claimed.usage_id, ms=more)
-        claimed = replace(claimed, reserved_ms=claimed.reserved_ms + more)
-    return claimed
+    estimate_ms = get_job(claimed.envelope.job).cpu_estimate_ms
+    return _reserve_more(claimed, standing.first_reservation_ms(state, estimate_ms) - step_ms, checked=True)
 
 
 def passed_on(claimed: Claimed) -> Claimed:
-    """The job a settlement passed its slot on to (already admitted: it only starts). One that
-    estimates more than the slot kept reserves the rest when its account has that much left (else
-    its watcher asks as it runs)."""
-    more = get_job(claimed.envelope.job).cpu_estimate_ms - claimed.reserved_ms
-    if more > 0 and ledger.reserve_if_left(slot_id=claimed.slot_id, usage_id=claimed.usage_id, ms=more):
-        return replace(claimed, reserved_ms=claimed.reserved_ms + more)
+    """The job a settlement passed its slot on to (admitted: it only starts), with the rest of its
+    estimate reserved when its account has that much left (else its watcher asks as it runs)."""
+    return _reserve_more(claimed, get_job(claimed.envelope.job).cpu_estimate_ms - claimed.reserved_ms, checked=False)
+
+
+def _reserve_more(claimed: Claimed, ms: int, *, checked: bool) -> Claimed:
+    if ms > 0 and ledger.reserve_more(slot_id=claimed.slot_id, usage_id=claimed.usage_id, ms=ms, checked=checked):
+        return replace(claimed, reserved_ms=claimed.reserved_ms + ms)
     return claimed
 
 
 def fetch_next(*, queue: str, worker: str) -> Claimed | None:
-    """Claim one held job of `queue` for `worker` into a free slot, in fair order; none while a job
-    sent to the broker waits for a worker (it goes first).
-
-    The order is read before the lock: a candidate whose share (slots per weight) grew past the
-    next one's meanwhile (another worker pulled it) is passed over for the next, so that workers
-    pulling at once spread over the accounts instead of piling onto the one that was first."""
+    """A held job of `queue` claimed for `worker` in fair order, none while the broker's job waits. A
+    candidate whose share grew past the next one's since the order was read is passed over."""
     if ledger.broker_waiting(queue=queue):
         return None
     day = clock.budget_day()
     candidates = ledger.ready_accounts(queue=queue, limit=PULL_CANDIDATES)
     for ready, after in zip(candidates, [*candidates[1:], None]):
         with transaction.atomic():
-            # It waits for the lock (a settlement or an admission: one short statement) and then
-            # reads the standing: skipping a locked account would pass over the busiest account,
-            # whose lock is taken most often, whatever its weight (the light account of weights
-            # 1 : 3 took half the workers that way).
+            # Waits for the lock: skipping a locked account would pass over the busiest account.
             if not ledger.lock(account_id=ready.account_id, queue=queue):
                 continue
             state = ledger.standing(account_id=ready.account_id, queue=queue, day=day)

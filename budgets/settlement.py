@@ -1,12 +1,6 @@
-"""Settlement: after a run, charge what it measured, free its slot and its reservation, record how
-it ended on its run, and give the freed slot to the account's next held job.
-
-Exactly once: the slot is deleted by the charge, and a second settlement finds nothing (None).
-The charge takes no lock (it only frees, budgets.ledger.settling says why that is safe); only
-when work is in the account's line (seen by the charge, or by a look once it committed) does the
-settlement take the lock to hand the slot on. A job put on hold meanwhile is not missed: a hold
-that waits for a slot or budget looks again once it committed (budgets.admission
-.wake_when_committed), and of the two looks, each after its own commit, one sees the other's.
+"""Settlement: after a run, charge what it measured, free its slot and reservation, record how it
+ended, and give the freed slot on. Exactly once: the charge deletes the slot. It takes no lock
+(budgets.ledger.settling says why); only with work in the account's line is the lock taken to hand on.
 """
 import datetime as dt
 from collections.abc import Callable
@@ -14,10 +8,9 @@ from dataclasses import dataclass
 
 from django.db import transaction
 
-from budgets import clock, standing
+from budgets import clock, ledger, standing
 from budgets.admission import hold_and_wake
 from budgets.handoff import claim_next, passed_on, release_locked, release_next
-from budgets import ledger
 from budgets.ledger import Claimed, PassOn
 from budgets.locks import lock, locked_standing
 from budgets.standing import Standing
@@ -37,30 +30,15 @@ class Settled:
     waiting: bool = True  # some account's held work on the queue may wait for a worker (False: a pull finds none)
 
 
-def settle(
-    *, slot_id: int, account_id: int, queue: str, meter: Meter, outcome: str | None = None, items: int = 0,
-    error: BaseException | None = None, cap_hit: bool = False, slot_lost: bool = False,
-    envelope: Envelope | None = None, hand_to: str | None = None, from_line: bool = False,
-    look_again_later: Callable[..., None] | None = None,
-) -> Settled | None:
-    """Settle a run (see the module's docstring); None when it was settled already. Its run's
-    record gets the metered figures and, with `outcome` (the chain knows how it ended), how it
-    ended (`items`, a redacted `error`).
-
-    A run stopped by the cap (`cap_hit`, with its `envelope`) waits in the holding area: for the
-    next budget day, or for budget its account's other runs give back; one stopped because its
-    slot was lost (`slot_lost`: reclaimed while its worker was frozen) waits for a slot. The freed slot goes to the
-    first job of the account's line: claimed for worker `hand_to` when given (returned, to run next
-    in that worker), else released to the broker. A run that came from the line (`from_line`: its
-    account most likely has more there) asks the charge to pass its slot on in its own statement
-    (when it may). With `look_again_later` (a worker's watcher, which makes
-    the look for the settlements since its last tick) the settlement's look after its commit is
-    left to it: it only matters for a hold that committed while the charge ran, and waits a tick.
-    When another account's turn comes first (fewer slots in use for its weight), the slot is not
-    handed to the account's next job:
-    the worker `hand_to` pulls in the fair order (budgets.handoff), which may pick it, or without
-    `hand_to` the job whose turn it is goes to the broker.
-    """
+def settle(*, slot_id: int, account_id: int, queue: str, meter: Meter, outcome: str | None = None, items: int = 0,
+           error: BaseException | None = None, cap_hit: bool = False, slot_lost: bool = False,
+           envelope: Envelope | None = None, hand_to: str | None = None, from_line: bool = False,
+           look_again_later: Callable[..., None] | None = None) -> Settled | None:
+    """Settle a run (None: settled already), with `outcome` how it ended. A run stopped by the cap
+    (`cap_hit`) or whose slot was lost is held again. The freed slot goes to the account's first held
+    job, claimed for worker `hand_to` (returned) or released; from the line (`from_line`) the charge
+    passes it on when it may; another account's turn first, by the fair order. `look_again_later`
+    (the watcher) makes the look after the commit, for a hold that committed while the charge ran."""
     now = clock.now()
     day = clock.budget_day(now)
     end = RunEnd(meter=meter, outcome=outcome, items=items, error=error)
@@ -68,10 +46,9 @@ def settle(
         return _settle_and_hold(slot_id=slot_id, account_id=account_id, queue=queue, meter=meter, end=end,
                                 cap_hit=cap_hit, envelope=envelope, hand_to=hand_to, now=now, day=day)
     pass_on = PassOn(worker=hand_to, day=day, lease_s=standing.claim_lease_s()) if hand_to and from_line else None
-    # The run is recorded as finished in the statement that frees its slot: before any run that
-    # takes the slot next is recorded as started.
+    # Recorded as finished in the statement that frees its slot: before the next run on it starts.
     charged = ledger.charge(slot_id=slot_id, account_id=account_id, queue=queue, meter=meter, cap_hit=cap_hit,
-                              end=end, now=now, pass_on=pass_on)
+                            end=end, now=now, pass_on=pass_on)
     if charged is None:
         return None
     if charged.passed is not None:
@@ -81,9 +58,7 @@ def settle(
     if charged.was_active and not charged.in_line and look_again_later is not None:
         look_again_later(account_id=account_id, queue=queue)
     elif charged.was_active and charged.others_waiting:
-        # Another account's turn comes first: the freed slot goes by the fair order, to what
-        # the worker pulls next or, when it goes back to the broker, to the job released there.
-        if hand_to is None:
+        if hand_to is None:  # else the worker pulls in the fair order
             release_next(queue=queue)
     elif charged.was_active and (charged.in_line or holding.in_line(account_id=account_id, queue=queue)):
         with transaction.atomic():
@@ -96,12 +71,11 @@ def settle(
 
 def _settle_and_hold(*, slot_id: int, account_id: int, queue: str, meter: Meter, end: RunEnd, cap_hit: bool,
                      envelope: Envelope, hand_to: str | None, now: dt.datetime, day: dt.date) -> Settled | None:
-    """A run stopped before its job was done (by the cap, or its slot lost): its charge, its job's
-    hold and the freed slot's hand-off in one transaction, under the lock."""
+    """A run stopped before its job was done: charge, hold and hand-off in one locked transaction."""
     with transaction.atomic():
         lock(account_id=account_id, queue=queue)
         charged = ledger.charge(slot_id=slot_id, account_id=account_id, queue=queue, meter=meter, cap_hit=cap_hit,
-                                  end=end, now=now)
+                                end=end, now=now)
         if charged is None:
             return None
         state = ledger.standing(account_id=account_id, queue=queue, day=day)
@@ -121,23 +95,16 @@ def _settle_and_hold(*, slot_id: int, account_id: int, queue: str, meter: Meter,
 
 
 def _give_freed_slot(*, account_id: int, queue: str, state: Standing, day: dt.date, hand_to: str | None) -> Claimed | None:
-    """Under the lock: a freed slot goes to the first job of the account's line, claimed for worker
-    `hand_to` (returned) when given. Without a worker to take it, the caller releases, once its
-    transaction committed, the next job of the account whose turn it is to the broker
-    (`release_next`): releasing the account's own next job would keep each slot with its account
-    for as long as the broker has work waiting. With one, whose account's line may not go on (its
-    rate limit reached, its budget spent, or work waits in the broker), nothing is released: the
-    worker pulls the next job it may run in the fair order itself (budgets.gate.next_for), or goes
-    back to the broker for what waits there. A job released behind the other workers' runs would
-    wait in the broker while this worker, idle, waits for a message there."""
+    """Under the lock: the freed slot to the account's first held job, claimed for `hand_to`. Without
+    a worker the caller releases in fair order after its commit; with one whose line may not go on,
+    nothing is: the worker pulls itself (budgets.gate.next_for), not idle behind a released job."""
     if hand_to is None:
         return None
     return claim_next(account_id=account_id, queue=queue, state=state, day=day, worker=hand_to)
 
 
 def release_if_in_line(*, account_id: int, queue: str) -> int:
-    """A settlement's look after its commit, made later (`settle`'s `look_again_later`): when the account
-    has work in line on the queue, release what its free slots let go. Returns how many."""
+    """A settlement's look after its commit, made later (`look_again_later`). Returns how many went."""
     if not holding.in_line(account_id=account_id, queue=queue):
         return 0
     return release_locked(account_id=account_id, queue=queue)

@@ -1,28 +1,12 @@
-"""An account's standing on one queue (its budget, today's usage, its slots, its held work), and the
-rules every decision about it uses: written once, here, as arithmetic on the standing. The
-ledger (budgets.ledger) reads a standing, under the account's lock or within one statement.
+"""An account's standing on one queue (its budget, today's usage, its slots, its held work) and the
+rules every decision about it uses, written once, here, as arithmetic on the standing (read by
+budgets.ledger under the account's lock, or within one statement). CPU is reserved in steps, only
+from what the account has left, so its runs together cannot spend more than its daily cap.
 
-Every write to an account's usage ledger and slots that can refuse work happens under the row
-lock of its Budget (account, queue): admission, reservation growth, reclaim, hand-off, release and
-the enqueue-time check's slow path serialise per account and queue, so caps hold and counts
-never drift. Three of the ledger's statements go without it and still cannot pass a
-cap (budgets/ledger/settling.py and admitting.py say why): a settlement's charge, which only frees;
-its pass-on, which swaps one slot and its reservation for another; and the admission of a sent
-job, which proves by the Budget row's version that no lock holder committed since its snapshot.
-
-CPU is reserved in steps (RESERVATION_STEP_MS, at least the job's estimate) and only from what the
-account has left, so its runs together cannot spend more than the daily cap however many run at
-once.
-
-A rate limit ("at most N starts in any P seconds", Budget.rate_starts / rate_period_s) is a sliding
-window over the account's recorded starts (TaskRun.started_at): a run may start while fewer than N
-started in the last P seconds. Chosen over GCRA (a token bucket kept as one timestamp) because the
-starts are recorded anyway, so the window costs no state of its own and cannot drift from what
-happened, and because it is exact — "never more than N in any window" holds for the recorded
-starts, which is what an operator (or a third-party API's quota) checks; GCRA would smooth bursts
-that a window allows. A start is decided under the account's lock, so two workers never take the
-last start of a window both (the lock-free paths leave rate-limited accounts to the lock). Reading
-the window costs at most N index entries (the SQL function fairshare_window).
+A rate limit ("at most N starts in any P seconds") is a sliding window over the recorded starts
+(TaskRun.started_at), at most N index entries (fairshare_window), chosen over GCRA: it keeps no state
+of its own, and it is exact, as an operator (or a third-party quota) checks it. Starts are decided
+under the lock, so two never take a window's last start both.
 """
 import datetime as dt
 from collections.abc import Callable
@@ -77,8 +61,7 @@ class Standing:
 
     @property
     def starts_left(self) -> int | None:
-        """How many more runs its rate limit lets start now, counting the jobs on their way to a
-        worker (dispatched: they start soon) as started; None without a rate limit."""
+        """Starts its rate limit has left, the jobs on their way counted as started (None: no limit)."""
         if self.rate_starts is None:
             return None
         on_their_way = 0 if self.in_flight is None else self.in_flight - self.active
@@ -86,25 +69,17 @@ class Standing:
 
     @property
     def may_start(self) -> bool:
-        """Whether a job that holds a slot may start now: not paused, below its cap on running jobs
-        (two enqueues racing through the lock-free check may have dispatched one too many), budget
-        left, its rate limit not reached."""
+        """Whether a job that holds a slot may start now (two lock-free enqueues may have sent one too many)."""
         return (not self.paused and self.active < self.max_concurrent and self.unreserved_ms > 0
                 and not self.rate_full)
 
 
 def refusal(state: Standing, now: dt.datetime, *, at_start: bool = False, line: bool = False,
             workers_busy: Callable[[], bool] | None = None, pause: bool = False) -> tuple[str, dt.datetime] | None:
-    """Why the account's job may not go now, and from when it may (None: it may): the one rule,
-    in one order, for every way in (enqueue, enqueue_many, the start, a release, a hand-off or pull,
-    and what the surfaces say of a held line): paused, out of CPU budget, rate limited, at its cap,
-    behind its line (`line`), every worker busy (`workers_busy`, asked last: it reads the broker).
-
-    At a run's start (`at_start`) the job already holds a slot or a claim (a sent or claimed job):
-    its rate limit counts what started, and the cap the running jobs; on its way (enqueue, release)
-    a job takes a slot, and the jobs dispatched ahead of it count as started. A pause is decided by
-    scheduling.pausing under the covering pause's row lock (a resume waits for it), so the decisions
-    here leave it to that; what is said of a held line names it first (`pause`)."""
+    """Why the account's job may not go now, and from when (None: it may): the one rule, in one
+    order, for every way in: paused (`pause`; else scheduling.pausing decides it), out of CPU budget,
+    rate limited, at its cap, behind its line (`line`), workers busy (asked last: it reads the broker).
+    At a run's start (`at_start`) the job holds a slot: the rate counts what started, the cap what runs."""
     if pause and state.paused:
         return DeferReason.PAUSED, UNTIL_RESUMED
     if state.unreserved_ms <= 0:
@@ -122,9 +97,7 @@ def refusal(state: Standing, now: dt.datetime, *, at_start: bool = False, line: 
 
 
 def releasable(state: Standing) -> int:
-    """How many of the account's held jobs its standing lets go now: none when nothing is in line,
-    when a pause covers it, or when `refusal` would hold them again; else its free slots, at most
-    the starts its rate limit has left."""
+    """How many held jobs may go now: none if `refusal` holds them; else free slots, at most the starts left."""
     if not state.in_line or refusal(state, clock.now(), pause=True) is not None:
         return 0
     free = max(0, state.free_slots)
@@ -132,21 +105,12 @@ def releasable(state: Standing) -> int:
 
 
 def rate_wait(state: Standing, now: dt.datetime) -> tuple[str, dt.datetime]:
-    """Why an account whose rate limit lets nothing start waits, and until when: the oldest start in
-    its window leaves it (or, its room taken by jobs on their way to a worker, now: their starts
-    settle it)."""
+    """Until the oldest start in its window leaves it (or now: jobs on their way took the room)."""
     return DeferReason.RATE_LIMITED, max(now, state.rate_frees_at or now)
 
 
-def held_up_by_rate(state: Standing) -> bool:
-    """Whether its rate limit lets nothing start until a known time (a start leaves the window),
-    for which its line may wait (scheduling.holding.block)."""
-    return state.rate_full and state.rate_frees_at is not None
-
-
 def step_ms(estimate_ms: int) -> int:
-    """What an admitted run reserves at first when its account has that much left: a step, or its
-    job's estimate when larger."""
+    """A step, or the job's estimate when larger."""
     return max(estimate_ms, settings.FAIRSHARE["RESERVATION_STEP_MS"])
 
 

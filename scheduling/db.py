@@ -1,14 +1,8 @@
-"""Database connections for the kernel and the apps: the cursor for Fairshare's own hot statements
-(the admission, settlement, hand-off and enqueue checks every task pays for, hand-written SQL of a
-few fixed shapes, named parameters), and keeping a worker's connections healthy between tasks.
-
-On PostgreSQL (psycopg 3) they are bound server-side and prepared once per connection: these
-data-modifying WITH statements cost more to plan than to run (EXPLAIN ANALYZE on this project's
-machines: settlement 0.28–0.42 ms planning against 0.09–0.18 ms execution; the account's standing
-0.45 ms a time unprepared, 0.15 ms prepared). Django's own cursor binds on the client and prepares
-nothing (`OPTIONS["prepare_threshold"]` only applies to server-side binding), so everything else
-keeps it. FAIRSHARE["PREPARED_STATEMENTS"] = False turns this off, for a connection pooler that
-cannot keep prepared statements across transactions (PgBouncer before 1.21 in transaction mode).
+"""Database connections: the cursor for Fairshare's own hot statements, bound server-side and
+prepared once per connection (these WITH statements cost more to plan than to run: settlement
+0.28–0.42 ms planning, 0.09–0.18 ms execution), and keeping a worker's connections healthy between
+tasks. FAIRSHARE["PREPARED_STATEMENTS"] = False turns preparing off, for a pooler that cannot keep
+prepared statements across transactions (PgBouncer before 1.21 in transaction mode).
 """
 import re
 import select
@@ -37,8 +31,7 @@ class _PreparedCursor(psycopg.Cursor):
 
     def execute(self, query, params=None, *, prepare=None, binary=None):
         # Django connects with prepare_threshold None, which turns preparing off even when asked
-        # for: a threshold no statement reaches, for this statement only, prepares it and
-        # leaves Django's own (client-side bound, never prepared) as they were.
+        # for: a threshold no statement reaches, for this statement only, leaves Django's own as they were.
         conn = self.connection
         threshold = conn.prepare_threshold
         if threshold is None:
@@ -50,8 +43,7 @@ class _PreparedCursor(psycopg.Cursor):
 
 
 class _LoggedCursor(CursorDebugWrapper):
-    """Django's query log (DEBUG, CaptureQueriesContext) shows the statement with its values
-    (Django reads them from a client-side binding cursor, which this is not)."""
+    """Django's query log (DEBUG, CaptureQueriesContext) with the statement's values composed in."""
 
     def execute(self, sql, params=None):
         with self.debug_sql(self.db.ops.compose_sql(sql, params) if params else sql):
@@ -59,8 +51,7 @@ class _LoggedCursor(CursorDebugWrapper):
 
 
 def cursor() -> CursorWrapper:
-    """Django's cursor for this thread's default connection (its execute wrappers, query logging
-    and error wrapping included), preparing its statements where that is possible."""
+    """Django's cursor for this thread's default connection (its wrappers included), preparing."""
     connection = connections[DEFAULT_DB_ALIAS]  # once: each attribute of django.db.connection is a lookup
     if not settings.FAIRSHARE["PREPARED_STATEMENTS"]:
         return connection.cursor()
@@ -74,9 +65,9 @@ def cursor() -> CursorWrapper:
 
 
 def load_queries(path: Path) -> dict[str, str]:
-    """The statements of a .sql file, by name: each starts at a `-- name: <name>` line and runs to
-    the next; its comment lines are left out, its lines joined by one space (so that psycopg keeps
-    its conversion of the named placeholders: it caches statements of up to 4,096 bytes)."""
+    """The statements of a .sql file by name, each from its `-- name: <name>` line to the next, its
+    comment lines left out, its lines stripped and joined by one space (psycopg caches its placeholders'
+    conversion for statements of at most 4,096 bytes given at most 50 parameters)."""
     queries: dict[str, str] = {}
     for chunk in re.split(r"^-- name: ", path.read_text(), flags=re.MULTILINE)[1:]:
         name, _, body = chunk.partition("\n")
@@ -95,7 +86,7 @@ class _Along:
 def send_along(statement: str, params: Callable[[], Mapping[str, Any]], *,
                then: Callable[[CursorWrapper], None]) -> object:
     """Send `statement` right after the next of Fairshare's own statements on this thread's
-    connection (`fetch_one`, `fetch_one_named`: the chain's admission or settlement), in its round
+    connection (`fetch_one`: the chain's admission or settlement), in its round
     trip and its transaction: one round trip and one commit for both (psycopg's pipeline mode; in
     autocommit the statements up to its one Sync are one implicit transaction, and an error in one
     rolls both back). `params()` is called when it is sent (the next statement's caller may set
@@ -163,13 +154,9 @@ def _execute(statement: str, params: Mapping[str, Any], read: Callable[[CursorWr
     return result
 
 
-def fetch_one(statement: str, params: Mapping[str, Any]) -> tuple | None:
-    """Run one of Fairshare's own statements (prepared: `cursor`) and return its first row."""
-    return _execute(statement, params, lambda c: c.fetchone())
-
-
-def fetch_one_named(statement: str, params: Mapping[str, Any]) -> dict[str, Any] | None:
-    """`fetch_one`, the row read by column name (the statement names each column it returns)."""
+def fetch_one(statement: str, params: Mapping[str, Any]) -> dict[str, Any] | None:
+    """Run one of Fairshare's own statements (prepared: `cursor`), and what `send_along` queued after
+    it; its first row by column name."""
     def read(c: CursorWrapper) -> dict[str, Any] | None:
         row = c.fetchone()
         return None if row is None else dict(zip([column.name for column in c.description], row))
@@ -177,19 +164,15 @@ def fetch_one_named(statement: str, params: Mapping[str, Any]) -> dict[str, Any]
     return _execute(statement, params, read)
 
 
-# How recently a connection must have served a task for its quiet socket to be trusted: a
-# connection idle for longer may have been dropped without a word (a NAT's or firewall's idle
-# timeout), which only a round trip finds.
+# How recently a connection must have served a task for its quiet socket to be trusted: one idle
+# for longer may have been dropped without a word (a NAT's idle timeout), which only a round trip finds.
 TRUST_QUIET_FOR_S = 5.0
 
 
 def trust_quiet_connection() -> None:
-    """Spare the round trip of Django's health check (CONN_HEALTH_CHECKS: `SELECT 1` before a
-    connection's first use after close_old_connections(), i.e. once per task in a worker) when the
-    connection served the previous task moments ago (TRUST_QUIET_FOR_S) and its socket has nothing
-    to read: an idle PostgreSQL session receives nothing it did not ask for, so anything there (the
-    server's goodbye when the session was terminated or the server stopped, or end of file) means
-    it is gone, and then Django's ping runs and replaces it. Called at the start of each task."""
+    """At a task's start, spare Django's health check (a round trip a task) when the connection served
+    the previous task moments ago and its socket has nothing to read: an idle session receives nothing
+    it did not ask for, so anything there (the server's goodbye, end of file) means it is gone."""
     connection = connections[DEFAULT_DB_ALIAS]
     raw = connection.connection
     if raw is None:
@@ -197,34 +180,24 @@ def trust_quiet_connection() -> None:
     now = time.monotonic()
     previous = getattr(connection, "_fairshare_previous_task", None)
     connection._fairshare_previous_task = (raw, now)
-    if connection.health_check_done or previous is None or previous[0] is not raw:
-        return
-    if now - previous[1] > TRUST_QUIET_FOR_S or raw.closed or raw.broken:
-        return
-    if select.select([raw.fileno()], [], [], 0)[0]:
+    if (connection.health_check_done or previous is None or previous[0] is not raw
+            or now - previous[1] > TRUST_QUIET_FOR_S or raw.closed or raw.broken
+            or select.select([raw.fileno()], [], [], 0)[0]):
         return
     connection.health_check_done = True
 
 
 def close_old_connections() -> None:
-    """Close this thread's connections that died or were left unusable; keep healthy ones.
-
-    Not Django's `close_old_connections()`: that also closes connections past CONN_MAX_AGE
-    (with 0, every one, so a worker paid for a new database connection on every task); and inside
-    a caller's transaction (django-q2 `sync` mode, a test, an on-commit callback run inside an outer
-    atomic block) it would close the connection under its caller. A worker between tasks is never
-    inside one, and a connection that saw an error is checked and replaced only if it is dead.
-    """
+    """Close this thread's connections that died or were left unusable. Not Django's: that also closes
+    those past CONN_MAX_AGE (with 0, every one: a connection a task), and inside a caller's transaction
+    (django-q2 `sync` mode, an on-commit callback) it would close the connection under its caller."""
     for conn in connections.all(initialized_only=True):
         if conn.connection is None or conn.in_atomic_block:
             continue
-        if conn.get_autocommit() != conn.settings_dict["AUTOCOMMIT"]:
+        if conn.get_autocommit() != conn.settings_dict["AUTOCOMMIT"] or (conn.errors_occurred and not conn.is_usable()):
             conn.close()
         elif conn.errors_occurred:
-            if conn.is_usable():
-                conn.errors_occurred = False
-            else:
-                conn.close()
+            conn.errors_occurred = False
 
 
 # Writes that must land after the work is done (settlement, the run's record): tries, and the pause
@@ -234,9 +207,8 @@ RECONNECT_DELAY_S = 0.5
 
 
 def retry_on_disconnect(write: Callable[[], T]) -> T:
-    """Run `write`, reconnecting and trying again when the database connection dropped (a
-    failover, a proxy restart, `pg_terminate_backend`): the classic transient failure, and the
-    work it would lose is already done. `write` must be one transaction, safe to run again."""
+    """Run `write` (one transaction, safe to run again), reconnecting and trying again when the
+    database connection dropped (a failover, a proxy restart): the work it would lose is done."""
     for attempt in range(1, RECONNECT_ATTEMPTS + 1):
         try:
             return write()

@@ -54,4 +54,5 @@ RETURNING c.*, p.run_id AS prior_run_id, p.started_at AS prior_started_at,
 -- RUNNING -> SUCCESSFUL, while the run %(run_id)s still holds the call. Sent along with the run's
 -- settlement (scheduling.db.send_along), in its round trip and transaction, when it has one.
 UPDATE tasks_taskcall SET status = 'SUCCESSFUL', return_value = %(return_value)s, finished_at = %(now)s
- WHERE id = %(call_id)s AND status = 'RUNNING' AND run_id = %(run_id)s;
+ WHERE id = %(call_id)s AND status = 'RUNNING' AND run_id = %(run_id)s
+RETURNING 1 AS completed;

@@ -4,7 +4,7 @@ this package (call them as `ledger.<transition>`, `from budgets import ledger`).
 A slot is a Reservation row; its states and the one transition that moves it between them:
 
     (a job held)                                             (none)
-        | claim_for / claim_and_admit (claim_next, fetch_next) | dispatch / dispatch_or_hold (enqueue)
+        | claim_for (claim_next, fetch_next)                   | dispatch / dispatch_or_hold (enqueue)
         v                                                      v
     DISPATCHED on a claim's lease ── activate ──>  ACTIVE  <── activate (admission) ── DISPATCHED
     ACTIVE on a claim's lease ── start_admitted ──>  ACTIVE (running; the watcher renews its lease)
@@ -19,28 +19,24 @@ A slot is a Reservation row; its states and the one transition that moves it bet
 Whatever ends a slot (charge, reclaim, unadmit) also charges what it carried: the figures of the
 runs it was passed on from, whose CPU its day still holds as reserved.
 
-Where each transition lives: reads (the lock, the standing, the fair order), dispatching (on the
-way to the broker), admitting (a run admitted, or its admission undone), leases (a running slot's
-lease: renew, grow, reclaim, revive), settling (the charge and the pass-on); their statements are
-budgets/ledger/queries.sql's, one named statement a transition. Every transition that
-can refuse work runs under the account's lock (budgets.locks), but three statements, which still
-cannot pass a cap (their modules say why): the charge and its pass-on, and `admit_at_once`.
+By module: reads (the lock, the standing, the fair order), admitting (a slot dispatched or
+admitted, or given back before its run), settling (a running slot's lease, and its end); one named
+statement of queries.sql a transition. All run under the account's lock (budgets.locks) but three
+that still cannot pass a cap (their modules say why): the charge, its pass-on, `admit_at_once`.
 """
 from budgets.ledger.admitting import (
-    activate, admit_at_once, claim_and_admit, claim_for, reserve_if_left, reserve_more, start_admitted, unadmit,
+    activate, admit_at_once, claim_for, dispatch, dispatch_many, dispatch_or_hold, drop, redispatch, reserve_more,
+    start_admitted, unadmit, undispatch,
 )
-from budgets.ledger.dispatching import dispatch, dispatch_many, dispatch_or_hold, drop, redispatch, undispatch
-from budgets.ledger.leases import grow, reclaim, renew, revive
 from budgets.ledger.reads import (
     IN_FLIGHT, broker_waiting, idle_workers, lock, may_take_over, ready_accounts, standing, usage_id,
 )
-from budgets.ledger.settling import charge
+from budgets.ledger.settling import charge, grow, reclaim, renew, revive
 from budgets.ledger.values import AdmittedAtOnce, Charged, Claimed, PassOn, Ready
 
 __all__ = [
-    "IN_FLIGHT", "AdmittedAtOnce", "Charged", "Claimed", "PassOn", "Ready",
-    "activate", "admit_at_once", "broker_waiting", "charge", "claim_and_admit", "claim_for", "dispatch",
-    "dispatch_many", "dispatch_or_hold", "drop", "grow", "idle_workers", "lock", "may_take_over", "ready_accounts", "reclaim",
-    "redispatch", "renew", "reserve_if_left", "reserve_more", "revive", "standing", "start_admitted", "unadmit",
-    "undispatch", "usage_id",
+    "IN_FLIGHT", "AdmittedAtOnce", "Charged", "Claimed", "PassOn", "Ready", "activate", "admit_at_once",
+    "broker_waiting", "charge", "claim_for", "dispatch", "dispatch_many", "dispatch_or_hold", "drop", "grow",
+    "idle_workers", "lock", "may_take_over", "ready_accounts", "reclaim", "redispatch", "renew", "reserve_more",
+    "revive", "standing", "start_admitted", "unadmit", "undispatch", "usage_id",
 ]

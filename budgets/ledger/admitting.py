@@ -1,43 +1,75 @@
-"""The transitions that admit a run: a slot made ACTIVE with CPU reserved and the run recorded as
-started, from a job's own dispatched slot, a new one, or a held job claimed for a worker; and the
-undoing of an admission whose run never started.
-
-`admit_at_once` takes no lock and still cannot pass a cap: it proves by the account's Budget row's
-version that no lock holder committed since its snapshot, and holds that row to its commit
-(queries.sql `admit_at_once`). Everything else here runs under the account's lock
-(budgets.locks), which read the standing it decides on.
-
-Cost: rows by key (the account's Budget and usage row, the job's slot, its run), and for a claim
-the first unclaimed rows of one account's line (index deferred_line).
+"""Admission: a slot for a job on its way to the broker ((none) -> DISPATCHED, and back), or to run
+(ACTIVE: CPU reserved, its run recorded), and an admission undone. Under the account's lock
+(budgets.locks) but `dispatch_or_hold` and `admit_at_once` (queries.sql says why they are safe).
 """
 import datetime as dt
+from typing import Any
 
 from django.utils import timezone
 
 from budgets import standing
 from budgets.ledger.reads import QUERIES, broker_window, usage_id
 from budgets.ledger.values import AdmittedAtOnce, Claimed
+from budgets.models import Reservation, ReservationStatus
 from budgets.standing import Standing
 from scheduling import clock, db
 from scheduling.envelope import Envelope
 from scheduling.models import TaskRun
 from scheduling.services import task_run_start_params
 
-# How many times `admit_at_once` tries when a lock holder committed since its statement's
-# snapshot: again at once (a new snapshot sees that commit: the account's other worker admitting
-# at the same moment, most of the time), then it leaves the job to the lock.
+# How many times `admit_at_once` tries when a lock holder committed since its snapshot (a new
+# snapshot sees that commit: most often the account's other worker admitting at the same moment).
 AT_ONCE_TRIES = 2
+
+
+def dispatch_or_hold(*, envelope: Envelope, queue: str, day: dt.date, workers_free: bool = True) -> bool | None:
+    """(none) -> DISPATCHED (True) or held (False) without the lock; None when the lock must decide."""
+    row = db.fetch_one(QUERIES["dispatch_or_hold"], {"workers_free": workers_free,
+        "account_id": envelope.account, "queue": queue, "day": day, "job": envelope.job, "ref": envelope.ref,
+        "priority": envelope.priority, "lease": standing.dispatch_lease_expiry(), "created_at": timezone.now(),
+        "now": clock.now(), **broker_window()})
+    return None if row is None else row["slot_id"] is not None
+
+
+def dispatch_many(*, envelopes: list[Envelope], queue: str, day: dt.date, lease_s: float | None = None) -> list[int]:
+    """(none) -> DISPATCHED: a slot for each job sent (or claimed, for `lease_s`); their ids."""
+    expires = standing.dispatch_lease_expiry() if lease_s is None else timezone.now() + dt.timedelta(seconds=lease_s)
+    return [slot.pk for slot in Reservation.objects.bulk_create([
+        Reservation(account_id=e.account, queue=queue, day=day, job=e.job, ref=e.ref,
+                    status=ReservationStatus.DISPATCHED, lease_expires_at=expires) for e in envelopes])]
+
+
+def dispatch(*, envelope: Envelope, queue: str, day: dt.date, lease_s: float | None = None) -> int:
+    """`dispatch_many` for one job."""
+    (slot_id,) = dispatch_many(envelopes=[envelope], queue=queue, day=day, lease_s=lease_s)
+    return slot_id
+
+
+def redispatch(*, slot_id: int) -> None:
+    """DISPATCHED -> DISPATCHED: a reconciler's re-send, with a new dispatch lease."""
+    Reservation.objects.filter(pk=slot_id).update(lease_expires_at=standing.dispatch_lease_expiry())
+
+
+def drop(*, slot_id: int) -> None:
+    """DISPATCHED -> (none): a sent or claimed job held again gives its slot back."""
+    Reservation.objects.filter(pk=slot_id, status=ReservationStatus.DISPATCHED).delete()
+
+
+def undispatch(*, envelope: Envelope, queue: str) -> None:
+    """DISPATCHED -> (none): the job could not be sent after all (the broker refused it)."""
+    dispatched = Reservation.objects.filter(account_id=envelope.account, queue=queue, job=envelope.job,
+                                            ref=envelope.ref, status=ReservationStatus.DISPATCHED)
+    Reservation.objects.filter(pk=dispatched.order_by("-pk").values_list("pk", flat=True).first()).delete()
 
 
 def admit_at_once(*, envelope: Envelope, queue: str, day: dt.date, reserve_ms: int, run: TaskRun,
                   worker: str) -> AdmittedAtOnce:
-    """DISPATCHED (its own) -> ACTIVE without the lock, for a job sent with a slot of its own whose
-    account is plainly below its caps; slot_id None when the lock must decide."""
+    """DISPATCHED (its own) -> ACTIVE without the lock; slot_id None when the lock must decide."""
     params = {**task_run_start_params(run), "account_id": envelope.account, "queue": queue, "job": envelope.job,
               "ref": envelope.ref, "day": day, "reserve_ms": reserve_ms, "worker": worker,
               "lease": standing.run_lease_expiry()}
     for _ in range(AT_ONCE_TRIES):
-        row = db.fetch_one_named(QUERIES["admit_at_once"], params)
+        row = db.fetch_one(QUERIES["admit_at_once"], params)
         if row["fresh"]:
             break  # decided (admitted or not); else a lock holder committed since its snapshot
     if row["slot_id"] is None:
@@ -46,21 +78,14 @@ def admit_at_once(*, envelope: Envelope, queue: str, day: dt.date, reserve_ms: i
     return AdmittedAtOnce(row["slot_id"], paused=row["paused"])
 
 
-# `activate`'s run parameters when it inserts no run (its INSERT's one-time filter is false).
-NO_RUN = {"run_account_id": None, "run_job": "", "run_queue": "", "run_ref": "", "run_worker": "",
-          "run_started_at": None}
-
-
 def activate(*, envelope: Envelope, queue: str, state: Standing, day: dt.date, own: int | None, reserve_ms: int,
              run: TaskRun | None, worker: str, claimant: str | None = None, lease_s: float | None = None) -> int:
-    """DISPATCHED (its own, `own`) or (none) -> ACTIVE: reserve the run's CPU on its day, record the
-    run as started (inserting a `run` not saved yet), and for a job claimed by `claimant` complete
-    the claim. Its lease is a running slot's, or `lease_s` (admitted ahead with a claim: until it
-    starts). Under the account's lock; returns the slot's id."""
+    """DISPATCHED (its own, `own`) or (none) -> ACTIVE, inserting a `run` not saved yet, completing
+    `claimant`'s claim; its lease `lease_s` when admitted ahead (until it starts). Returns its id."""
     insert_run = run is not None and run.pk is None
     lease = standing.run_lease_expiry() if lease_s is None else timezone.now() + dt.timedelta(seconds=lease_s)
-    row = db.fetch_one_named(QUERIES["activate"], {
-        **(task_run_start_params(run) if insert_run else NO_RUN), "insert_run": insert_run,
+    row = db.fetch_one(QUERIES["activate"], {
+        **task_run_start_params(run if insert_run else TaskRun()), "insert_run": insert_run,
         "claimed": claimant is not None, "usage_id": usage_id(state, account_id=envelope.account, queue=queue, day=day),
         "reserve_ms": reserve_ms, "own": own, "account_id": envelope.account, "queue": queue, "day": day,
         "job": envelope.job, "ref": envelope.ref, "worker": worker, "lease": lease, "created_at": timezone.now(),
@@ -70,17 +95,26 @@ def activate(*, envelope: Envelope, queue: str, state: Standing, day: dt.date, o
     return row["id"]
 
 
-def _claim(*, account_id: int, queue: str, day: dt.date, worker: str, yield_to_broker: bool, admit: bool,
-           usage: int | None = None, reserve_ms: int = 0) -> Claimed | None:
-    """The `claim` statement: its claim's expiry on the kernel's clock (the holding area's), its
-    slot's lease on the wall clock."""
-    now, lease_s = clock.now(), standing.claim_lease_s()
+def claim_params(*, run: TaskRun, now: dt.datetime, lease_s: float) -> dict[str, Any]:
+    """A claim's parameters (queries.sql `claim`, `settle`'s pass-on) for `run`'s worker: its
+    expiry on the kernel's clock (the holding area's), its slot's lease on the wall clock."""
+    wall_now = timezone.now()
+    return {"worker": run.worker, "now": now, "claim_expires_at": now + dt.timedelta(seconds=lease_s),
+            "slot_lease": wall_now + dt.timedelta(seconds=lease_s), "created_at": wall_now, **broker_window(),
+            "run_started_at": task_run_start_params(run)["run_started_at"]}
+
+
+def claim_for(*, account_id: int, queue: str, day: dt.date, worker: str, yield_to_broker: bool,
+              usage: int | None = None, reserve_ms: int = 0) -> Claimed | None:
+    """(a held job) -> DISPATCHED on the claim's lease, or with `usage` ACTIVE on it (admitted ahead,
+    `reserve_ms` reserved on that usage row): the account's first held job claimed for `worker`,
+    unless (`yield_to_broker`) the broker's job waits. Under the lock, which saw the standing."""
+    admit = usage is not None
     run = TaskRun(account_id=account_id, queue=queue, worker=worker)
-    row = db.fetch_one_named(QUERIES["claim"], {
-        "account_id": account_id, "queue": queue, "day": day, "worker": worker, "now": now,
-        "claim_expires_at": now + dt.timedelta(seconds=lease_s), **broker_window(), "yield_to_broker": yield_to_broker,
-        "slot_lease": timezone.now() + dt.timedelta(seconds=lease_s), "created_at": timezone.now(), "admit": admit,
-        "usage_id": usage, "reserve_ms": reserve_ms, "run_started_at": task_run_start_params(run)["run_started_at"]})
+    row = db.fetch_one(QUERIES["claim"], {
+        **claim_params(run=run, now=clock.now(), lease_s=standing.claim_lease_s()), "account_id": account_id,
+        "queue": queue, "day": day, "yield_to_broker": yield_to_broker, "admit": admit, "usage_id": usage,
+        "reserve_ms": reserve_ms})
     if row is None:
         return None
     envelope = Envelope(job=row["job"], account=account_id, ref=row["ref"], priority=row["priority"])
@@ -90,51 +124,21 @@ def _claim(*, account_id: int, queue: str, day: dt.date, worker: str, yield_to_b
     return Claimed(envelope, row["id"], run=run, reserved_ms=reserve_ms, usage_id=usage)
 
 
-def claim_for(*, account_id: int, queue: str, day: dt.date, worker: str, yield_to_broker: bool) -> Claimed | None:
-    """(a held job) -> DISPATCHED on the claim's lease: claim the first job of the account's line for
-    `worker` and take its slot, unless (`yield_to_broker`) a job sent to the broker waits. Under the
-    account's lock."""
-    return _claim(account_id=account_id, queue=queue, day=day, worker=worker, yield_to_broker=yield_to_broker,
-                  admit=False)
-
-
-def claim_and_admit(*, account_id: int, queue: str, state: Standing, day: dt.date, worker: str, reserve_ms: int,
-                    yield_to_broker: bool) -> Claimed | None:
-    """(a held job) -> ACTIVE on the claim's lease: `claim_for`, and the job admitted ahead in the
-    same statement: `reserve_ms` reserved, its run recorded. Under the account's lock, which saw the
-    standing let it in."""
-    return _claim(account_id=account_id, queue=queue, day=day, worker=worker, yield_to_broker=yield_to_broker,
-                  admit=True, usage=usage_id(state, account_id=account_id, queue=queue, day=day),
-                  reserve_ms=reserve_ms)
-
-
 def start_admitted(*, slot_id: int, envelope: Envelope, worker: str) -> bool:
-    """ACTIVE on a claim's lease -> ACTIVE (running): the job admitted ahead starts; its claim
-    completes, if its slot is still there (locked, not written: the claim's lease runs until the
-    run's watcher renews it, well before it ends: budgets.watcher). False when either is gone (the
-    slot reclaimed, or the job held again, which voids a claim): it must not run."""
+    """ACTIVE on a claim's lease -> ACTIVE (running); False when its slot or claim is gone: no run."""
     return db.fetch_one(QUERIES["start_admitted"], {"slot_id": slot_id, "job": envelope.job, "ref": envelope.ref,
                                                     "worker": worker}) is not None
 
 
 def unadmit(*, slot_id: int, account_id: int, queue: str, expired_before: dt.datetime | None = None) -> int | None:
-    """ACTIVE on a claim's lease -> (none): an admission whose run never started is undone, its CPU
-    unreserved, nothing charged or counted; with `expired_before`, only if its lease is still
-    expired then; what the slot carried of the runs it was passed on from is charged. Returns its
-    run's id (None when nothing was undone). (`account_id`, `queue`: the slot's, as its row says.)"""
+    """ACTIVE on a claim's lease -> (none), never started (with `expired_before`: if its lease is
+    still expired then). Returns its run's id, None when nothing was undone."""
     row = db.fetch_one(QUERIES["unadmit"], {"slot_id": slot_id, "expired_before": expired_before})
-    return None if row is None else row[0]
+    return None if row is None else row["task_run_id"]
 
 
-def reserve_more(*, slot_id: int, usage_id: int, ms: int) -> None:
-    """ACTIVE on a claim's lease -> the same: `ms` more reserved for a job admitted ahead whose
-    estimate is larger than a step; under the lock, which saw the account has it."""
-    db.fetch_one(QUERIES["reserve_more"], {"slot_id": slot_id, "usage_id": usage_id, "ms": ms, "checked": True})
-
-
-def reserve_if_left(*, slot_id: int, usage_id: int, ms: int) -> bool:
-    """`ms` more for a slot admitted ahead (a pass-on's job that estimates more than it kept), when
-    its account has that much left (checked on the usage row's latest version: two of these never
-    reserve the same budget twice); no lock."""
+def reserve_more(*, slot_id: int, usage_id: int, ms: int, checked: bool) -> bool:
+    """ACTIVE on a claim's lease -> the same, `ms` more reserved: `checked` under the lock, else only
+    if its account has that much left."""
     return db.fetch_one(QUERIES["reserve_more"], {"slot_id": slot_id, "usage_id": usage_id, "ms": ms,
-                                                  "checked": False}) is not None
+                                                  "checked": checked}) is not None

@@ -1,9 +1,9 @@
 -- The ledger's statements, one a transition of a slot (the map: budgets/ledger/__init__.py), loaded
 -- once by scheduling.db.load_queries, sent prepared. Shared rules are SQL functions (fairshare_*:
--- migrations scheduling 0023, budgets 0012) that PostgreSQL inlines. `now` is the kernel's clock
--- (scheduling.clock); slots' times (created_at, leases) and `wall_now` are the wall clock's. Above
--- each: what it reads as held jobs, accounts and history grow (EXPLAINed on 100,000 held jobs and
--- 10,000 accounts: tests/scheduling/test_held_work_cost.py).
+-- migrations scheduling 0023, budgets 0012 and 0013) that PostgreSQL inlines. `now` is the kernel's
+-- clock (scheduling.clock); slots' times (created_at, leases) and `wall_now` are the wall clock's.
+-- Above each: what it reads as held jobs, accounts and history grow (EXPLAINed on 100,000 held jobs
+-- and 10,000 accounts: tests/scheduling/test_held_work_cost.py).
 
 -- name: lock
 -- The account's lock (budgets.locks): a write that changes nothing, so that the row gets a new
@@ -92,7 +92,7 @@ SELECT (SELECT id FROM d) AS slot_id WHERE EXISTS (SELECT 1 FROM d) OR EXISTS (S
 -- decides on counts as exact as under the lock (a rate-limited account's it leaves to the lock):
 -- the running slots (`s`: only a lock holder adds one; the lock-free settlement never adds to
 -- them), the own slot locked (`o`), and the budget by a conditional UPDATE of the day's usage row,
--- checked on its latest version (`u`: the lock-free pass-on and reserve_if_left change it too).
+-- checked on its latest version (`u`: the lock-free pass-on and reserve_more unchecked change it too).
 -- The run's record (`t`) and the slot made active (`k`) follow only from `u`. Reads the account's
 -- Budget, slots and usage row.
 WITH b AS (
@@ -164,21 +164,17 @@ SELECT id, task_run_id FROM o UNION ALL SELECT id, task_run_id FROM n;
 -- (a held job) -> DISPATCHED on the claim's lease, or with %(admit)s ACTIVE on it (admitted ahead:
 -- its run recorded, `t`; %(reserve_ms)s reserved on the usage row %(usage_id)s, `u`), under the
 -- account's lock, which read the standing: the first job of the account's line claimed for the
--- worker (`c`; SKIP LOCKED: two claimants never take the same job and neither waits for the
--- other), unless (%(yield_to_broker)s) a job sent to the broker on the queue waits for a worker. A
+-- worker (`c`, fairshare_first_claimable: two claimants never take the same job and neither waits
+-- for the other), unless (%(yield_to_broker)s) a job sent to the broker on the queue waits for a worker. A
 -- job whose claim expired is taken over only once its claimant let it go (no slot of it left).
 -- Reads the first unclaimed rows of the account's line (index deferred_line), for each whose claim
 -- expired one probe of its slots; yielding, the queue's slots sent in the broker window.
 WITH c AS (
   UPDATE scheduling_deferredtask SET claimed_by = %(worker)s, claim_expires_at = %(claim_expires_at)s
    WHERE id = (
-     SELECT d.id FROM scheduling_deferredtask d
-      WHERE d.account_id = %(account_id)s AND d.queue = %(queue)s AND d.in_line_since IS NOT NULL
-        AND (d.claim_expires_at IS NULL OR (d.claim_expires_at < %(now)s
-             AND NOT EXISTS (SELECT 1 FROM fairshare_job_slots(d.account_id, d.queue, d.job, d.ref))))
-        AND NOT (%(yield_to_broker)s
-                 AND (SELECT waiting FROM fairshare_broker_waiting(%(queue)s, %(broker_since)s, %(broker_forgets)s)))
-      ORDER BY d.priority DESC, d.in_line_since, d.id LIMIT 1 FOR UPDATE SKIP LOCKED)
+     SELECT f.id FROM fairshare_first_claimable(%(account_id)s, %(queue)s, %(now)s) f
+      WHERE NOT (%(yield_to_broker)s
+                 AND (SELECT waiting FROM fairshare_broker_waiting(%(queue)s, %(broker_since)s, %(broker_forgets)s))))
   RETURNING job, ref, priority),
 t AS (
   INSERT INTO scheduling_taskrun (account_id, job, queue, ref, worker, started_at, outcome, cpu_ms, wall_ms,
@@ -332,34 +328,31 @@ SELECT c.account_id, c.taken::float / c.weight AS share FROM (
 -- exactly once: no row, nothing charged), its figures charged to its day (`c`: its CPU less what a
 -- reclaim charged, its reservation given back, its waits, the run counted if it ran, what the slot
 -- carried), its run's end recorded (`t`). With %(pass_on)s the slot passes on, in the same
--- statement, to the first job of the account's line (`h`, claimed as `claim` does) when the run is
--- of today, reserved from the day, left at least half a step, and fairshare_may_pass_on lets it:
--- its slot inserted ACTIVE (`n`) with what the run left of its reservation (at most a step), its
--- run recorded (`s`); `c` gives back only the rest. Carried charges (`k`): a pass-on whose run
--- gives nothing back and hit no cap charges nothing; the new slot carries the run's figures on,
--- with what the old one carried, for at most CHARGE_CARRY_S from the first; their CPU stays
--- reserved until the slot's end charges it, so used + reserved CPU (and a cap) stay exact, and the
--- pass-on writes no row its account's other workers write too. Slots taken and running, and used +
--- reserved CPU, never grow. What the settling worker asks next (its line, any line, another
--- account's turn) is read only when the slot was not passed on (AND stops at its first false).
--- Reads the slot and usage row by key, Backlog (by key; index backlog_ready); passing on, the
--- first unclaimed rows of the line (index deferred_line) and the queue's slots in the broker window.
+-- statement, to the first job of the account's line (`h`, fairshare_first_claimable as in `claim`)
+-- when the run is of today, reserved from the day, left at least half a step, and
+-- fairshare_may_pass_on lets it: its slot inserted ACTIVE (`n`) with what the run left of its
+-- reservation (at most a step), its run recorded (`s`); `c` gives back only the rest. Carried
+-- charges (`k`): a pass-on whose run gives nothing back and hit no cap charges nothing; the new
+-- slot carries the run's figures on, with what the old one carried, for at most CHARGE_CARRY_S from
+-- the first; their CPU stays reserved until the slot's end charges it, so used + reserved CPU (and
+-- a cap) stay exact, and the pass-on writes no row its account's other workers write too. Slots
+-- taken and running, and used + reserved CPU, never grow. What the settling worker asks next (its
+-- line, any line, another account's turn) is read only when the slot was not passed on (AND stops
+-- at its first false). Reads the slot and usage row by key, Backlog (by key; index backlog_ready);
+-- passing on, the first unclaimed rows of the line (index deferred_line) and the queue's slots in
+-- the broker window.
 WITH r AS (
   DELETE FROM budgets_reservation WHERE id = %(slot_id)s
   RETURNING *, (status = 'active')::int AS ran, cpu_reserved_ms - %(cpu_ms)s AS left_ms),
 h AS (
   UPDATE scheduling_deferredtask SET claimed_by = %(worker)s, claim_expires_at = %(claim_expires_at)s
    WHERE id = (
-     SELECT d.id FROM scheduling_deferredtask d
-      WHERE d.account_id = %(account_id)s AND d.queue = %(queue)s AND d.in_line_since IS NOT NULL
-        AND (d.claim_expires_at IS NULL OR (d.claim_expires_at < %(now)s
-             AND NOT EXISTS (SELECT 1 FROM fairshare_job_slots(d.account_id, d.queue, d.job, d.ref))))
-        AND %(pass_on)s
+     SELECT f.id FROM fairshare_first_claimable(%(account_id)s, %(queue)s, %(now)s) f
+      WHERE %(pass_on)s
         AND EXISTS (SELECT 1 FROM r WHERE r.ran = 1 AND r.day = %(today)s AND r.cpu_charged_ms = 0
                        AND r.left_ms >= %(keep_at_least)s
                        AND (SELECT may FROM fairshare_may_pass_on(%(account_id)s, %(queue)s, r.id, %(broker_since)s,
-                                                                  %(broker_forgets)s)))
-      ORDER BY d.priority DESC, d.in_line_since, d.id LIMIT 1 FOR UPDATE SKIP LOCKED)
+                                                                  %(broker_forgets)s))))
   RETURNING job, ref, priority),
 k AS (
   SELECT (p.passed AND %(carry)s AND %(cap_hits)s = 0 AND r.left_ms <= %(step_ms)s

@@ -1,17 +1,7 @@
-"""What the ledger decides on: one account's lock and standing on a queue (what every rule of
-budgets.standing decides on), its day's usage row, and the reads across accounts: the fair order
-(`ready_accounts`) and whether a job sent to the broker waits for a worker (`broker_waiting`).
-
-Cost, as held jobs and accounts grow: the lock and the standing read one account's rows by index
-(its Budget, its day's usage row, its slots, bounded by its cap, its Backlog row, its claim by
-(job, ref); a rate limit's window at most the limit's count of TaskRun index entries); the fair
-order the Backlog rows of the accounts whose line could go now (index backlog_ready), never the
-held jobs; `broker_waiting` the slots sent in its window (index reservation_age); `idle_workers`
-the queue's live worker heartbeats and its slots taken (indexes heartbeat_live and
-reservation_in_flight: neither the heartbeats of workers gone nor the slots reclaimed or of the
-other queue). Their statements
-are budgets/ledger/queries.sql's (`QUERIES`, every ledger module's), EXPLAINed in
-tests/scheduling/test_held_work_cost.py.
+"""What the ledger decides on: one account's lock and standing on a queue (what budgets.standing's
+rules read), its day's usage row, the fair order (`ready_accounts`), the broker's waiting job and the
+idle workers. Their statements are queries.sql's (`QUERIES`, every ledger module's), which says what
+each reads as held jobs, accounts and history grow.
 """
 import datetime as dt
 from pathlib import Path
@@ -27,50 +17,38 @@ from scheduling.liveness import heard_since
 
 QUERIES = db.load_queries(Path(__file__).with_name("queries.sql"))
 IN_FLIGHT = (ReservationStatus.DISPATCHED, ReservationStatus.ACTIVE)
-# A claimant yields to the broker when a job sent to the broker on its queue has waited this long
-# without starting: every worker is busy, and one that kept running held work would leave it
-# waiting. About two polls of FAIRSHARE_POLL's default, so a message an idle worker is about to
-# fetch does not count.
+# A claimant yields to the broker when a job sent there waited this long without starting (every
+# worker busy): about two polls, so a message about to be fetched does not count. And no longer
+# once it waited this long: its message was most likely lost (a killed worker's, with Redis), and
+# the reclaim sends it again; till then work would wait for workers yielding to nothing.
 BROKER_WAIT_YIELD_S = 0.25
-# ... and no longer once it has waited this long: then its message was most likely lost (a killed
-# worker's, with the Redis broker), and the reclaim sends it again at the end of its dispatch lease.
-# Until then, work goes to the broker as if no job waited there, instead of waiting in line for
-# workers that would yield to a message that never comes. A job that really waits this long waits
-# behind long runs, which a work-conserving loop does not speed up.
 BROKER_WAIT_FORGET_S = 60.0
 
 
 def broker_window() -> dict[str, dt.datetime]:
-    """The send times of the dispatched slots that say "a job sent to the broker waits for a
-    worker": after `broker_forgets`, before `broker_since` (the statements' parameters)."""
+    """The statements' `broker_forgets` < sent < `broker_since` of "the broker's job waits"."""
     now = timezone.now()
     return {"broker_forgets": now - dt.timedelta(seconds=BROKER_WAIT_FORGET_S),
             "broker_since": now - dt.timedelta(seconds=BROKER_WAIT_YIELD_S)}
 
 
 def may_take_over() -> Q:
-    """Held jobs a release may take over once their claim expired: those whose claim's slot was
-    given back (the rule fairshare_job_slots of budgets' migration 0012 says why; the same rule for a
-    release's ORM query)."""
+    """Held jobs whose expired claim a release may take over: fairshare_job_slots' rule, for the ORM."""
     slot = Reservation.objects.filter(account_id=OuterRef("account_id"), queue=OuterRef("queue"), status__in=IN_FLIGHT,
                                       job=OuterRef("job"), ref=OuterRef("ref"))
     return Q(claim_expires_at__isnull=True) | ~Exists(slot)
 
 
 def lock(*, account_id: int, queue: str) -> bool:
-    """Lock the account's Budget row on the queue (in the caller's transaction); False when it has
-    none. A write that changes nothing, so that the row gets a new version each time it is locked,
-    which `admit_at_once` checks."""
+    """Lock the account's Budget row (a new version: `admit_at_once` checks it); False without one."""
     return db.fetch_one(QUERIES["lock"], {"account_id": account_id, "queue": queue}) is not None
 
 
 def standing(*, account_id: int, queue: str, day: dt.date, envelope=None, claimant: str | None = None) -> Standing | None:
-    """The account's standing on the queue on `day` (after `lock`: exact until the commit); None
-    when it has no Budget row there. For a job (`envelope`) its own dispatched slot, and whether
-    `claimant` still holds its claim on it; the slots taken are not counted for a job that holds a
-    slot of its own."""
+    """The account's standing on `day` (after `lock`: exact until the commit); None without a Budget
+    row. For a job (`envelope`) its own slot, and whether `claimant` still holds its claim."""
     job, ref = (envelope.job, envelope.ref) if envelope is not None else ("", "")
-    row = db.fetch_one_named(QUERIES["standing"], {
+    row = db.fetch_one(QUERIES["standing"], {
         "account_id": account_id, "queue": queue, "day": day, "job": job, "ref": ref, "claimant": claimant,
         "now": clock.now(), "wall_now": timezone.now()})
     if row is None:
@@ -87,9 +65,7 @@ def usage_id(state: Standing, *, account_id: int, queue: str, day: dt.date) -> i
 
 
 def ready_accounts(*, queue: str | None, limit: int | None = None) -> list[Ready]:
-    """Accounts whose line on the queue (None: each queue) could go now and that have a free slot,
-    in fair order: fewest slots in use for their weight first, then the one whose first held job
-    has waited longest in line (weighted max-min fair)."""
+    """Accounts whose line on the queue (None: each) could go now with a free slot, in fair order."""
     if queue is None:
         return [ready for q in Queue.values for ready in ready_accounts(queue=q, limit=limit)]
     with db.cursor() as cursor:
@@ -98,20 +74,14 @@ def ready_accounts(*, queue: str | None, limit: int | None = None) -> list[Ready
 
 
 def broker_waiting(*, queue: str) -> bool:
-    """Whether a job sent to the broker on the queue has waited BROKER_WAIT_YIELD_S without
-    starting, and not yet BROKER_WAIT_FORGET_S (a claimed job's slot is not one: its held row is
-    still there)."""
-    return db.fetch_one(QUERIES["broker_waiting"], {"queue": queue, **broker_window()})[0]
+    """Whether a job sent to the broker on the queue waits for a worker (`broker_window`)."""
+    return db.fetch_one(QUERIES["broker_waiting"], {"queue": queue, **broker_window()})["waiting"]
 
 
 def idle_workers(*, queue: str) -> int | None:
-    """How many more jobs the queue's workers could start now: its running workers (by their
-    heartbeats: scheduling.liveness.heard_since) less its slots taken (dispatched: on their way to
-    a worker or claimed by one; active: running), in one statement (queries.sql `idle_workers`).
-    What may go to the broker at most, so that what it holds stays as short as the number of
-    workers and the rest waits in line in the fair order. None when workers run no pulse (nothing
-    to count them by): then no such bound."""
+    """How many more jobs the queue's workers could start now (what may go to the broker at most):
+    its running workers less its slots taken; None when workers run no pulse (no bound)."""
     since = heard_since()
     if since is None:
         return None
-    return db.fetch_one(QUERIES["idle_workers"], {"queue": queue, "live_since": since})[0]
+    return db.fetch_one(QUERIES["idle_workers"], {"queue": queue, "live_since": since})["idle"]

@@ -9,9 +9,7 @@ from scheduling.models import TaskRun
 
 @dataclass(frozen=True)
 class Claimed:
-    """A held job claimed for a worker, with the slot taken for it: dispatched on the claim's
-    lease, or (`run` set) admitted ahead: active, `reserved_ms` reserved on the day's usage row
-    `usage_id`, its run recorded; it then only starts (`start_admitted`)."""
+    """A held job claimed with its slot: dispatched, or (`run` set) admitted ahead: it only starts."""
 
     envelope: Envelope
     slot_id: int
@@ -26,7 +24,7 @@ class Claimed:
 
 @dataclass(frozen=True)
 class Charged:
-    """What a settlement's charge did, and what it saw of the holding area while it did."""
+    """What a charge did, and what it saw of the holding area."""
 
     task_run_id: int | None
     was_active: bool  # it ran (admitted); else it was only dispatched or claimed
@@ -38,9 +36,7 @@ class Charged:
 
 @dataclass(frozen=True)
 class PassOn:
-    """Asks a settlement's charge to pass the run's slot on, in the same statement, to the first job
-    of its account's line, claimed for `worker` and admitted with what the run left of its
-    reservation, when it may (else the slot is freed as without)."""
+    """Asks a charge to pass the slot on to the account's first held job, claimed for `worker`."""
 
     worker: str
     day: dt.date  # today: a run charged to another day frees its slot instead
@@ -49,8 +45,7 @@ class PassOn:
 
 @dataclass(frozen=True)
 class AdmittedAtOnce:
-    """What `admit_at_once` did: `slot_id` None when it admitted nothing (the caller then admits
-    under the lock, which decides)."""
+    """What `admit_at_once` did: `slot_id` None when it admitted nothing (the lock decides)."""
 
     slot_id: int | None
     paused: bool = False

@@ -42,14 +42,6 @@ def line_up_and_count(apps, schema_editor):
                 **{count: row[count] for count in COUNTS}) for row in counts])
 
 
-def create_triggers(apps, schema_editor):
-    TRIGGERS.create(schema_editor)
-
-
-def drop_triggers(apps, schema_editor):
-    triggers.drop(schema_editor)
-
-
 class Migration(migrations.Migration):
 
     dependencies = [
@@ -121,5 +113,5 @@ class Migration(migrations.Migration):
             constraint=models.UniqueConstraint(fields=('account', 'queue'), name='backlog_unique_account_queue'),
         ),
         migrations.RunPython(line_up_and_count, migrations.RunPython.noop),
-        migrations.RunPython(create_triggers, drop_triggers),
+        migrations.RunPython(TRIGGERS.create, triggers.drop),
     ]

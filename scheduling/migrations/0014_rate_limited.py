@@ -28,20 +28,6 @@ def remove_run_window_index(apps, schema_editor):
     schema_editor.remove_index(apps.get_model("scheduling", "TaskRun"), RUN_WINDOW)
 
 
-# The triggers go before Backlog changes and come back after it, written with the new column: on
-# SQLite adding a column rebuilds the table, which triggers naming it would not survive.
-def drop_triggers(apps, schema_editor):
-    triggers.drop(schema_editor)
-
-
-def create_triggers_before(apps, schema_editor):
-    BEFORE.create(schema_editor)
-
-
-def create_triggers_after(apps, schema_editor):
-    AFTER.create(schema_editor)
-
-
 class Migration(migrations.Migration):
 
     dependencies = [
@@ -50,7 +36,8 @@ class Migration(migrations.Migration):
     ]
 
     operations = [
-        migrations.RunPython(drop_triggers, create_triggers_before),
+        # The triggers go before Backlog changes and come back after it, written with the new column.
+        migrations.RunPython(triggers.drop, BEFORE.create),
         migrations.AddField(
             model_name='backlog',
             name='rate_limited',
@@ -65,5 +52,5 @@ class Migration(migrations.Migration):
             state_operations=[migrations.AddIndex(model_name="taskrun", index=RUN_WINDOW)],
             database_operations=[migrations.RunPython(add_run_window_index, remove_run_window_index)],
         ),
-        migrations.RunPython(create_triggers_after, drop_triggers),
+        migrations.RunPython(AFTER.create, triggers.drop),
     ]

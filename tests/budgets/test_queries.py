@@ -36,7 +36,7 @@ def test_each_transition_is_one_named_statement_converted_once_per_process():
 @pytest.mark.parametrize("name", sorted(NAMES))
 def test_its_generic_plan_calls_no_rule_function(name):
     """The rules the statements share (SQL functions fairshare_*, migrations scheduling 0023 and
-    budgets 0012) are inlined: the plan a prepared statement settles on shows their tables, never a
+    budgets 0012, 0013) are inlined: the plan a prepared statement settles on shows their tables, never a
     call (a call would hide its rows from the planner and cost a function call per row)."""
     statement = QUERIES[name]
     names = list(dict.fromkeys(re.findall(r"%\((\w+)\)s", statement)))

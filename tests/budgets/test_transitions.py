@@ -142,7 +142,7 @@ def test_admit_at_once_admits_a_sent_job_below_its_caps_and_leaves_the_rest_to_t
                                 worker="w").slot_id is None
 
 
-def test_claim_for_and_claim_and_admit_take_the_first_job_of_the_line_with_its_slot(acme, day):
+def test_claim_for_takes_the_first_job_of_the_line_with_its_slot_and_may_admit_it(acme, day):
     for ref in ("first", "second"):
         holding.hold(envelope=job(acme, ref), queue=QUEUE, reason=DeferReason.CONCURRENCY_CAP,
                      eligible_at=holding.clock.now())
@@ -151,8 +151,9 @@ def test_claim_for_and_claim_and_admit_take_the_first_job_of_the_line_with_its_s
     assert (claimed.envelope.ref, claimed.admitted) == ("first", False)
     assert Reservation.objects.get(pk=claimed.slot_id).status == S.DISPATCHED
     with transaction.atomic():
-        admitted = ledger.claim_and_admit(account_id=acme.pk, queue=QUEUE, state=state(acme, day), day=day,
-                                          worker="w2", reserve_ms=500, yield_to_broker=False)
+        usage_id = ledger.usage_id(state(acme, day), account_id=acme.pk, queue=QUEUE, day=day)
+        admitted = ledger.claim_for(account_id=acme.pk, queue=QUEUE, day=day, worker="w2", usage=usage_id,
+                                    reserve_ms=500, yield_to_broker=False)
     assert (admitted.envelope.ref, admitted.admitted, admitted.reserved_ms) == ("second", True, 500)
     assert Reservation.objects.get(pk=admitted.slot_id).status == S.ACTIVE and admitted.run.pk is not None
     assert usage(acme, day).cpu_reserved_ms == 500
@@ -164,9 +165,9 @@ def test_claim_for_and_claim_and_admit_take_the_first_job_of_the_line_with_its_s
     assert ledger.start_admitted(slot_id=admitted.slot_id, envelope=admitted.envelope, worker="w2") is False
 
     # More for it when the account has it; none beyond its budget.
-    assert ledger.reserve_if_left(slot_id=admitted.slot_id, usage_id=admitted.usage_id, ms=1000) is True
-    assert ledger.reserve_if_left(slot_id=admitted.slot_id, usage_id=admitted.usage_id, ms=9000) is False
-    ledger.reserve_more(slot_id=admitted.slot_id, usage_id=admitted.usage_id, ms=100)
+    assert ledger.reserve_more(slot_id=admitted.slot_id, usage_id=admitted.usage_id, ms=1000, checked=False) is True
+    assert ledger.reserve_more(slot_id=admitted.slot_id, usage_id=admitted.usage_id, ms=9000, checked=False) is False
+    ledger.reserve_more(slot_id=admitted.slot_id, usage_id=admitted.usage_id, ms=100, checked=True)
     assert Reservation.objects.get(pk=admitted.slot_id).cpu_reserved_ms == 1600
     assert usage(acme, day).cpu_reserved_ms == 1600
 

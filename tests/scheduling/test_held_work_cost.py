@@ -250,7 +250,7 @@ def test_a_settlement_that_passes_its_slot_on_carrying_its_charge_reads_a_bounde
     with connection.cursor() as cursor:
         cursor.execute("ANALYZE")
     tables = (*HELD_TABLES, UsageDay._meta.db_table)
-    reads, send = {}, db.fetch_one_named
+    reads, send = {}, db.fetch_one
 
     def explain_then_send(statement: str, params: dict):
         if statement is QUERIES["settle"]:  # the settlement's, ahead of sending it
@@ -260,7 +260,7 @@ def test_a_settlement_that_passes_its_slot_on_carrying_its_charge_reads_a_bounde
                     transaction.set_rollback(True)
         return send(statement, params)
 
-    monkeypatch.setattr(db, "fetch_one_named", explain_then_send)
+    monkeypatch.setattr(db, "fetch_one", explain_then_send)
     meter = Meter(cpu_ms=40, wall_ms=50)
     charged = ledger.charge(slot_id=slot.pk, account_id=capped.pk, queue="default", meter=meter, cap_hit=False,
                               end=RunEnd(meter=meter, outcome=Outcome.SUCCEEDED), now=clock.now(),
