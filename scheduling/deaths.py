@@ -88,6 +88,26 @@ def after_death(task: dict, *, worker: str, hand_on: Callable[[dict, str], None]
         connection.close()
 
 
+def prepare() -> None:
+    """In the sentinel, before it forks its first worker: load everything judging a death loads
+    (the gates' modules, the database driver's adapters, the ORM's query for the runs) by judging
+    one for a worker that never was. A module imported by one of the sentinel's threads while the
+    sentinel forks stays half-initialized in the child for good (the thread importing it does not
+    exist there): every later `from … import` of it fails. So after the first fork nothing may be
+    imported in those threads: seen as a new worker whose every pulse failed with ImportError,
+    when the first death's give-back imported budgets.gate. Without the database (yet), the
+    rest loads when the first death is judged, as before."""
+    enqueue_gates()
+    try:
+        sessions_ended(worker_of(0))
+        recorded_runs({"func": RUNNER, "args": ({"job": "", "ref": ""},)}, worker=worker_of(0))
+        give_back(worker_of(0))
+    except DatabaseError:
+        logger.warning("the database is not reachable yet: a worker's death loads what judging it needs")
+    finally:
+        connection.close()
+
+
 def sessions_ended(worker: str) -> bool:
     """Wait until pg_stat_activity shows no session of `worker`, ending those still there after
     SESSIONS_END_WITHIN_S (module docstring); False when some are left after that too."""

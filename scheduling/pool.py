@@ -30,7 +30,8 @@ run unchanged).
 A killed worker costs its pool that worker for one guard cycle (django-q2 starts another within
 0.5 s), never the others, on any broker (the pusher is untouched). The alternatives and the cost:
 docs/architecture.md "Running workers in production". The sentinel forks replacement workers while
-its threads run; they hold no lock a child needs (`_close_in_child` runs in every child first).
+its threads run; they hold no lock a child needs (`_close_in_child` runs in every child first) and
+import nothing once the first worker is forked (deaths.prepare).
 
 The backstop for what nobody foresaw stays (scheduling.stuck): a pool whose idle workers see work
 wait in its queue (`WorkerChannel.size`) for FAIRSHARE["QUEUE_STALL_AFTER_S"] is reported, and ends
@@ -117,6 +118,7 @@ class ChannelSentinel(Q2_SENTINEL):
         self._spawning: WorkerChannel | None = None
         self._wake_listener, self._wake = multiprocessing.Pipe(duplex=False)
         os.register_at_fork(after_in_child=self._close_in_child)
+        deaths.prepare()  # before the first fork: the death-check thread imports nothing later
         super().__init__(*args, **kwargs)
 
     def spawn_cluster(self):

@@ -78,7 +78,8 @@ def _loop(interval: float, queue: str, watch: stuck.StuckWatch | None) -> None:
             release_due(idle_workers=None if watch is None else {queue: int(watch.wants_work())})
             pause = _until_next_tick(interval)
         except Exception as exc:  # the database may be away for a moment; try again next tick
-            logger.warning("worker pulse failed", extra={"error_class": type(exc).__name__})
+            module = {"module": exc.name} if isinstance(exc, ImportError) else {}  # a name, not data
+            logger.warning("worker pulse failed", extra={"error_class": type(exc).__name__, **module})
             connections.close_all()
         clock.doze(pause)  # or less: until a line held up in this process may go
 

@@ -1,11 +1,17 @@
 """A dead pool worker's sessions (scheduling.deaths): its sentinel gives back what the worker held
 only once none of them is left, waiting for them, then ending those still there. The whole path,
 with real pools whose workers are SIGKILLed: tests/scheduling/test_pool.py."""
+import json
+import subprocess
+import sys
+
 import psycopg
 import pytest
 from django.conf import settings
 
 from scheduling import deaths
+from scheduling.processes import worker_env
+from tests.conftest import REPO
 
 pytestmark = pytest.mark.django_db(transaction=True)  # each look at pg_stat_activity its own transaction
 
@@ -37,3 +43,33 @@ def test_a_session_still_there_is_waited_for_then_ended(monkeypatch):
 def test_a_session_name_keeps_the_pid_whatever_the_host_name():
     name = deaths.session_name(f"{'h' * 80}:123456")
     assert len(name.encode()) <= 63 and name.startswith("fairshare worker 123456@")
+
+
+# A worker's death judged in a fresh sentinel-like process: what did judging it import after
+# `prepare`? Printed as one JSON list.
+JUDGE_A_DEATH = """
+import json, sys, django
+django.setup()
+from scheduling import deaths
+from scheduling.broker import RUNNER
+{prepare}
+loaded = set(sys.modules)
+task = {{"func": RUNNER, "args": ({{"job": "exports.build", "ref": "1"}},)}}
+deaths.after_death(task, worker="vm:4244", hand_on=lambda task, why: None, hand_in=lambda task: None)
+print(json.dumps(sorted(set(sys.modules) - loaded)))
+"""
+
+
+def _imported_by_a_death(*, prepared: bool) -> list[str]:
+    code = JUDGE_A_DEATH.format(prepare="deaths.prepare()" if prepared else "")
+    done = subprocess.run([sys.executable, "-c", code], cwd=REPO, env=worker_env(), capture_output=True, text=True,
+                          timeout=60)
+    assert done.returncode == 0, done.stderr
+    return json.loads(done.stdout.splitlines()[-1])
+
+
+def test_a_sentinel_prepared_before_its_first_fork_imports_nothing_when_a_worker_dies():
+    # A module one of the sentinel's threads imports while the sentinel forks stays half-initialized
+    # in the child: a new worker's every pulse then failed with ImportError (seen in CI).
+    assert "budgets.gate" in _imported_by_a_death(prepared=False)  # what the first death used to load
+    assert _imported_by_a_death(prepared=True) == []
