@@ -42,7 +42,7 @@ def admit_many_at_enqueue(*, envelopes: list[Envelope], queue: str) -> list[bool
             state = locked_standing(account_id=account_id, queue=queue, day=day)
             fits = 0
             if standing.refusal(state, now, line=True, workers_busy=busy(idle)) is None:
-                fits = max(0, state.free_slots) if state.starts_left is None else min(state.free_slots, state.starts_left)
+                fits = standing.room(state)
                 if idle is not None:
                     fits = min(fits, idle)
                     idle -= fits

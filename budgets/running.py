@@ -3,8 +3,7 @@ its lease and report its CPU, reserve more CPU when its allowance runs low, and,
 was frozen past its lease and the slot was reclaimed meanwhile, take a free one again or stop."""
 from django.db import transaction
 
-from budgets import standing
-from budgets import ledger
+from budgets import clock, ledger, standing
 from budgets.locks import locked_standing
 from budgets.models import Reservation, ReservationStatus
 
@@ -43,8 +42,8 @@ def retake_slot(*, slot_id: int) -> int | None:
         return None
     with transaction.atomic():
         state = locked_standing(account_id=slot["account_id"], queue=slot["queue"], day=slot["day"])
-        if state.free_slots <= 0 or not state.may_start:
-            return None
+        if standing.refusal(state, clock.now(), at_start=True, pause=True) is not None:
+            return None  # it holds no slot now: it needs a free one
         step = standing.first_reservation_ms(state, 0)
         charged = ledger.revive(slot_id=slot_id, account_id=slot["account_id"], queue=slot["queue"], reserve_ms=step)
     return None if charged is None else charged + step

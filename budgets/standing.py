@@ -67,12 +67,6 @@ class Standing:
         on_their_way = 0 if self.in_flight is None else self.in_flight - self.active
         return max(0, self.rate_starts - self.recent_starts - on_their_way)
 
-    @property
-    def may_start(self) -> bool:
-        """Whether a job that holds a slot may start now (two lock-free enqueues may have sent one too many)."""
-        return (not self.paused and self.active < self.max_concurrent and self.unreserved_ms > 0
-                and not self.rate_full)
-
 
 def refusal(state: Standing, now: dt.datetime, *, at_start: bool = False, line: bool = False,
             workers_busy: Callable[[], bool] | None = None, pause: bool = False) -> tuple[str, dt.datetime] | None:
@@ -96,12 +90,17 @@ def refusal(state: Standing, now: dt.datetime, *, at_start: bool = False, line: 
     return None
 
 
-def releasable(state: Standing) -> int:
-    """How many held jobs may go now: none if `refusal` holds them; else free slots, at most the starts left."""
-    if not state.in_line or refusal(state, clock.now(), pause=True) is not None:
-        return 0
+def room(state: Standing) -> int:
+    """How many more jobs may go now once `refusal` lets one: its free slots, at most the starts left."""
     free = max(0, state.free_slots)
     return free if state.starts_left is None else min(free, state.starts_left)
+
+
+def releasable(state: Standing) -> int:
+    """How many held jobs may go now: none if `refusal` holds them; else the `room`."""
+    if not state.in_line or refusal(state, clock.now(), pause=True) is not None:
+        return 0
+    return room(state)
 
 
 def rate_wait(state: Standing, now: dt.datetime) -> tuple[str, dt.datetime]:

@@ -1,4 +1,5 @@
 """Shared fixtures. Tests run against PostgreSQL (scripts/test finds or starts one)."""
+import datetime as dt
 import os
 import time
 import uuid
@@ -80,6 +81,20 @@ def export_root(tmp_path, settings):
                     "OPTIONS": {**settings.STORAGES["exports"]["OPTIONS"], "location": str(root)}},
     }
     return root
+
+
+@pytest.fixture
+def midday(settings):
+    """The kernel's clock (scheduling.clock) at noon of its budget day: what a test writes for
+    "today" is still today when it reads it back, though the run crosses the day's end (00:00 UTC)."""
+    from budgets import clock as budget_clock
+    from scheduling import clock
+
+    now = clock.now()
+    noon = dt.datetime.combine(budget_clock.budget_day(now), dt.time(12), tzinfo=budget_clock.next_reset(now).tzinfo)
+    settings.FAIRSHARE = {**settings.FAIRSHARE,
+                          "CLOCK_OFFSET_S": settings.FAIRSHARE["CLOCK_OFFSET_S"] + int((noon - now).total_seconds())}
+    return noon
 
 
 @pytest.fixture

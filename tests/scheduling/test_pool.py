@@ -240,7 +240,8 @@ def test_the_guard_waits_for_a_timer_lock_its_live_worker_holds():
 @pytest.mark.processes
 def test_a_graceful_stop_runs_what_the_pool_took_and_ends(account, start_cluster):
     """SIGTERM to the main PID: the pool finishes the tasks it had taken (its workers get their
-    stop only after them), and every process ends by itself."""
+    stop only after them), and every process ends by itself. What it had not taken (still in the
+    broker or the holding area when the stop came: a matter of timing) the next cluster runs, once."""
     Budget.objects.create(account=account, queue="default", cpu_seconds_per_day=100_000, max_concurrent=4)
     cluster = start_cluster("default", **POOL)
     two_idle_workers(cluster)
@@ -251,5 +252,10 @@ def test_a_graceful_stop_runs_what_the_pool_took_and_ends(account, start_cluster
     cluster.terminate()
     assert cluster.proc.wait(60) == 0, cluster.tail(40)
     assert "has stopped" in cluster.log()
-    runs = TaskRun.objects.filter(account=account, outcome=Outcome.SUCCEEDED)
-    assert sorted(runs.values_list("ref", flat=True)) == refs
+    runs = TaskRun.objects.filter(account=account)
+    assert not runs.filter(outcome__in=[Outcome.RUNNING, Outcome.LOST]).exists()  # none cut short or lost
+    assert runs.filter(outcome=Outcome.SUCCEEDED).count() >= 2  # at least what its two workers had started
+    start_cluster("default", **POOL)
+    succeeded = runs.filter(outcome=Outcome.SUCCEEDED)
+    wait_for(lambda: succeeded.count() >= len(refs), timeout=60, message="the rest to run")
+    assert sorted(succeeded.values_list("ref", flat=True)) == refs  # each once
