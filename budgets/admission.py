@@ -76,21 +76,19 @@ def undispatch(*, envelope: Envelope, queue: str) -> None:
     ledger.undispatch(envelope=envelope, queue=queue)
 
 
-def admit(*, envelope: Envelope, queue: str, estimate_ms: int, worker: str, claimant: str | None = None,
-          run: TaskRun | None = None) -> Admission:
+def admit(*, envelope: Envelope, queue: str, estimate_ms: int, worker: str, run: TaskRun | None = None) -> Admission:
     """At the start of a run: take a slot and reserve CPU, or put the job on hold.
 
-    A job sent by `admit_at_enqueue` (or released from the holding area, or claimed from it by
-    `claimant`, this worker: budgets.handoff) takes over the slot its dispatch holds; anything else
-    (a duplicate delivery, an operator's release) needs a free one. A claimed job whose claim was
-    lost (it expired and the job was released again) is not admitted: reason None, nothing held.
-    An admitted run's record (`run`: inserted when not saved yet) is started with its slot.
+    A job sent by `admit_at_enqueue` (or released from the holding area) takes over the slot its
+    dispatch holds; anything else (a duplicate delivery, an operator's release) needs a free one.
+    (A job claimed from the holding area was admitted with its claim: `start_admitted`.) An
+    admitted run's record (`run`: inserted when not saved yet) is started with its slot.
 
     The common case — a job sent with a slot of its own, its account plainly below its caps —
     is one statement on PostgreSQL, without taking the lock first (`admit_at_once`); anything
     else is decided under the lock.
     """
-    if claimant is None and run is not None and run.pk is None:
+    if run is not None and run.pk is None:
         reserve_ms = standing.step_ms(estimate_ms)
         at_once = ledger.admit_at_once(envelope=envelope, queue=queue, day=clock.budget_day(),
                                          reserve_ms=reserve_ms, run=run, worker=worker)
@@ -99,13 +97,8 @@ def admit(*, envelope: Envelope, queue: str, estimate_ms: int, worker: str, clai
     with transaction.atomic():
         now = clock.now()
         day = clock.budget_day(now)
-        state = locked_standing(account_id=envelope.account, queue=queue, day=day, envelope=envelope,
-                                claimant=claimant)
+        state = locked_standing(account_id=envelope.account, queue=queue, day=day, envelope=envelope)
         own = state.own_slot
-        if claimant is not None and not state.claimed:
-            if own is not None:
-                ledger.drop(slot_id=own)  # its slot, if the reclaim has not taken it
-            return Admission(None)
         refused = standing.refusal(state, now, at_start=True)
         if refused is not None:
             if own is not None:
@@ -120,7 +113,7 @@ def admit(*, envelope: Envelope, queue: str, estimate_ms: int, worker: str, clai
         if run is not None and run.pk is not None:
             task_run_mark_started(run=run)
         slot_id = ledger.activate(envelope=envelope, queue=queue, state=state, day=day, own=own,
-                                    reserve_ms=reserve_ms, run=run, worker=worker, claimant=claimant)
+                                    reserve_ms=reserve_ms, run=run, worker=worker)
     return Admission(slot_id, allowance_ms=reserve_ms, paused=state.paused)
 
 

@@ -31,7 +31,7 @@ class BudgetGate(EnqueueGate):
             claimed = handoff.fetch_next(queue=queue, worker=worker)
         if claimed is None:
             return None
-        return Handoff(claimed.envelope, run=claimed.run, admission=claimed if claimed.admitted else None)
+        return Handoff(claimed.envelope, run=claimed.run, admission=claimed)
 
     def worker_died(self, *, worker: str) -> int:
         return reclaim.reclaim_worker(worker=worker)

@@ -88,13 +88,11 @@ def release_due(*, idle_workers: dict[str, int] | None = None) -> int:
 def claim_next(*, account_id: int, queue: str, state: Standing, day: dt.date, worker: str,
              yield_to_broker: bool = True) -> Claimed | None:
     """Under the lock: the first job of the line claimed for `worker` into a free slot (unless
-    `yield_to_broker` and the broker's job waits), admitted ahead when `refusal` lets it start now."""
+    `yield_to_broker` and the broker's job waits), admitted ahead: it only starts (what `refusal`
+    lets go it lets start: free slots, budget and starts left with the jobs on their way counted)."""
     if not standing.releasable(state):
         throttle(account_id=account_id, queue=queue, state=state)
         return None
-    if standing.refusal(state, clock.now(), at_start=True, pause=True) is not None:
-        return ledger.claim_for(account_id=account_id, queue=queue, day=day, worker=worker,
-                                yield_to_broker=yield_to_broker)
     # A step (what the claim statement can know); the rest of a larger estimate once it says which job.
     step_ms = standing.first_reservation_ms(state, 0)
     claimed = ledger.claim_for(account_id=account_id, queue=queue, day=day, worker=worker, reserve_ms=step_ms,

@@ -19,8 +19,7 @@ def lock(*, account_id: int, queue: str) -> None:
             raise Budget.DoesNotExist(f"account {account_id} has no budget on queue {queue!r}")
 
 
-def locked_standing(*, account_id: int, queue: str, day: dt.date, envelope: Envelope | None = None,
-                    claimant: str | None = None) -> Standing:
+def locked_standing(*, account_id: int, queue: str, day: dt.date, envelope: Envelope | None = None) -> Standing:
     """`lock`, then the account's standing, exact until the transaction ends (READ COMMITTED: a
     statement after the lock sees everything committed before it was granted).
 
@@ -30,7 +29,7 @@ def locked_standing(*, account_id: int, queue: str, day: dt.date, envelope: Enve
     accounts that could run are found by that block (budgets.ledger `ready_accounts`), never by
     reading every account's budget."""
     lock(account_id=account_id, queue=queue)
-    state = ledger.standing(account_id=account_id, queue=queue, day=day, envelope=envelope, claimant=claimant)
+    state = ledger.standing(account_id=account_id, queue=queue, day=day, envelope=envelope)
     if state is not None and state.blocked and state.unreserved_ms > 0 and not state.rate_full:
         unblock(account_id=account_id, queue=queue)
         state = replace(state, blocked=False)

@@ -35,11 +35,11 @@ class BudgetMiddleware:
         if not ctx.job.account_scoped:
             return self.call_next(ctx)  # its allowance stays the kernel's unlimited one
         queue = ctx.job.queue
-        if isinstance(ctx.admission, Claimed) and ctx.admission.admitted:  # admitted ahead, with its claim
+        if isinstance(ctx.admission, Claimed):  # admitted ahead, with its claim
             admission = start_admitted(claimed=ctx.admission, queue=queue, worker=ctx.claimed_by)
         else:
             admission = admit(envelope=ctx.envelope, queue=queue, estimate_ms=ctx.job.cpu_estimate_ms,
-                              run=ctx.run, worker=worker_id(), claimant=ctx.claimed_by)
+                              run=ctx.run, worker=worker_id())
         slot = ctx.admission = RunSlot(admission)
         if not admission.admitted:
             # No reason: a claimed job whose claim expired meanwhile; it was released elsewhere.

@@ -22,7 +22,7 @@ import datetime as dt
 from collections.abc import Callable
 
 from django.db import transaction
-from django.db.models import Exists, OuterRef, Q
+from django.db.models import Q
 from django.utils import timezone
 
 from budgets import clock
@@ -52,20 +52,16 @@ def reclaim_worker(*, worker: str) -> int:
     """Give back at once what `worker` held, whatever its leases say: it died, and none of its
     database sessions is left, so nothing of it can commit any more (its pool's sentinel waited
     for that: scheduling.deaths). The reclaim's steps (module docstring) for its slots: the run it
-    was running is charged what it reported and recorded lost; a job admitted ahead for it is
-    undone; a slot taken for a job it had claimed is given back; and its claims on held jobs are
-    given back, so each job is claimable again in its place in line, and each freed slot goes to its
-    account's line. Idempotent: a second call, or the reclaim once the leases expire, finds nothing
-    of it. Returns how many slots it gave back.
+    was running is charged what it reported and recorded lost; a job admitted ahead for it with its
+    claim is undone and the claim given back, so the job is claimable again in its place in line;
+    and each freed slot goes to its account's line. Idempotent: a second call, or the reclaim once
+    the leases expire, finds nothing of it. Returns how many slots it gave back.
 
     What it reads, once per death (never per task): the slots in flight, without an index by worker
     (the table holds the slots in flight and the reclaimed ones of the last day; an index on
-    `worker` would be written by every admission and lease renewal), and for each dispatched one its
-    held job by key (a claim's slot carries no worker: the claim on the held job says whose it is;
-    with many dispatched slots and few held jobs the planner reads the holding area once instead).
+    `worker` would be written by every admission and lease renewal).
     """
-    claimed = Exists(holding.claims_of(worker=worker).filter(job=OuterRef("job"), ref=OuterRef("ref")))
-    return _reclaim(lambda: Q(worker=worker) | Q(status=ReservationStatus.DISPATCHED) & claimed, died=worker)
+    return _reclaim(lambda: Q(worker=worker), died=worker)
 
 
 def _reclaim(whose: Callable[[], Q], *, died: str | None) -> int:
@@ -93,7 +89,6 @@ def _give_back(slot: Reservation, *, died: str | None) -> bool:
     meanwhile. `died`: its worker died (reclaim_worker), else its lease expired."""
     if slot.status == ReservationStatus.DISPATCHED:
         ledger.drop(slot_id=slot.pk)  # if the message turns up after all, admission checks it again
-        # (A claim's slot: holding it again gives the claim back too.)
         hold_and_wake(envelope=Envelope(job=slot.job, account=slot.account_id, ref=slot.ref), queue=slot.queue,
                       reason=DeferReason.MESSAGE_LOST, eligible_at=clock.now())
         return True

@@ -35,7 +35,6 @@ class Standing:
     blocked: bool = False  # its line waits for a time: its budget was spent (scheduling.holding.block)
     own_slot: int | None = None  # the job's own dispatched slot, when asked for a job
     paused: bool = False  # a pause covers the account's work on this queue (scheduling.pausing)
-    claimed: bool = False  # the worker asked about still holds its claim on the job (scheduling.holding)
     weight: int = 1  # its share of busy workers against other accounts' (budgets.ledger `ready_accounts`)
     rate_starts: int | None = None  # its rate limit: at most this many starts per rate_period_s (None: none)
     rate_period_s: int = 60

@@ -184,12 +184,6 @@ def claim_held(*, job: str, ref: str, worker: str) -> bool:
     return DeferredTask.objects.filter(job=job, ref=ref, claimed_by=worker).exists()
 
 
-def claims_of(*, worker: str):
-    """The held jobs `worker` claims. No index leads by claimant (the claim's UPDATE stays a HOT one):
-    narrow it by (job, ref) before it is read (budgets.reclaim `reclaim_worker`, once per death)."""
-    return DeferredTask.objects.filter(claimed_by=worker)
-
-
 def unclaim(*, job: str, ref: str, worker: str) -> int:
     """Give back `worker`'s claim on the job: it died before starting it (its pool's sentinel saw
     it die), so the job is claimable again at once, in its place in line. Returns 1 when it held it."""

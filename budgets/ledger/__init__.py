@@ -6,7 +6,7 @@ A slot is a Reservation row; its states and the one transition that moves it bet
     (a job held)                                             (none)
         | claim_for (claim_next, fetch_next)                   | dispatch / dispatch_or_hold (enqueue)
         v                                                      v
-    DISPATCHED on a claim's lease ── activate ──>  ACTIVE  <── activate (admission) ── DISPATCHED
+    ACTIVE on a claim's lease (admitted ahead)                 DISPATCHED ── activate (admission) ──> ACTIVE
     ACTIVE on a claim's lease ── start_admitted ──>  ACTIVE (running; the watcher renews its lease)
     ACTIVE ── charge (settlement; may pass the slot on: a new ACTIVE one for the next held job,
               which may carry the run's charge on: see budgets.ledger.settling) ──> (deleted)

@@ -31,17 +31,17 @@ def dispatch_or_hold(*, envelope: Envelope, queue: str, day: dt.date, workers_fr
     return None if row is None else row["slot_id"] is not None
 
 
-def dispatch_many(*, envelopes: list[Envelope], queue: str, day: dt.date, lease_s: float | None = None) -> list[int]:
-    """(none) -> DISPATCHED: a slot for each job sent (or claimed, for `lease_s`); their ids."""
-    expires = standing.dispatch_lease_expiry() if lease_s is None else timezone.now() + dt.timedelta(seconds=lease_s)
+def dispatch_many(*, envelopes: list[Envelope], queue: str, day: dt.date) -> list[int]:
+    """(none) -> DISPATCHED: a slot for each job sent; their ids."""
+    expires = standing.dispatch_lease_expiry()
     return [slot.pk for slot in Reservation.objects.bulk_create([
         Reservation(account_id=e.account, queue=queue, day=day, job=e.job, ref=e.ref,
                     status=ReservationStatus.DISPATCHED, lease_expires_at=expires) for e in envelopes])]
 
 
-def dispatch(*, envelope: Envelope, queue: str, day: dt.date, lease_s: float | None = None) -> int:
+def dispatch(*, envelope: Envelope, queue: str, day: dt.date) -> int:
     """`dispatch_many` for one job."""
-    (slot_id,) = dispatch_many(envelopes=[envelope], queue=queue, day=day, lease_s=lease_s)
+    (slot_id,) = dispatch_many(envelopes=[envelope], queue=queue, day=day)
     return slot_id
 
 
@@ -51,7 +51,7 @@ def redispatch(*, slot_id: int) -> None:
 
 
 def drop(*, slot_id: int) -> None:
-    """DISPATCHED -> (none): a sent or claimed job held again gives its slot back."""
+    """DISPATCHED -> (none): a sent job held again gives its slot back."""
     Reservation.objects.filter(pk=slot_id, status=ReservationStatus.DISPATCHED).delete()
 
 
@@ -79,16 +79,15 @@ def admit_at_once(*, envelope: Envelope, queue: str, day: dt.date, reserve_ms: i
 
 
 def activate(*, envelope: Envelope, queue: str, state: Standing, day: dt.date, own: int | None, reserve_ms: int,
-             run: TaskRun | None, worker: str, claimant: str | None = None, lease_s: float | None = None) -> int:
-    """DISPATCHED (its own, `own`) or (none) -> ACTIVE, inserting a `run` not saved yet, completing
-    `claimant`'s claim; its lease `lease_s` when admitted ahead (until it starts). Returns its id."""
+             run: TaskRun | None, worker: str) -> int:
+    """DISPATCHED (its own, `own`) or (none) -> ACTIVE, inserting a `run` not saved yet. Returns its id."""
     insert_run = run is not None and run.pk is None
-    lease = standing.run_lease_expiry() if lease_s is None else timezone.now() + dt.timedelta(seconds=lease_s)
     row = db.fetch_one(QUERIES["activate"], {
         **task_run_start_params(run if insert_run else TaskRun()), "insert_run": insert_run,
-        "claimed": claimant is not None, "usage_id": usage_id(state, account_id=envelope.account, queue=queue, day=day),
+        "usage_id": usage_id(state, account_id=envelope.account, queue=queue, day=day),
         "reserve_ms": reserve_ms, "own": own, "account_id": envelope.account, "queue": queue, "day": day,
-        "job": envelope.job, "ref": envelope.ref, "worker": worker, "lease": lease, "created_at": timezone.now(),
+        "job": envelope.job, "ref": envelope.ref, "worker": worker, "lease": standing.run_lease_expiry(),
+        "created_at": timezone.now(),
         "run_id": run.pk if run is not None else None})
     if insert_run:
         run.pk = row["task_run_id"]
@@ -104,23 +103,19 @@ def claim_params(*, run: TaskRun, now: dt.datetime, lease_s: float) -> dict[str,
             "run_started_at": task_run_start_params(run)["run_started_at"]}
 
 
-def claim_for(*, account_id: int, queue: str, day: dt.date, worker: str, yield_to_broker: bool,
-              usage: int | None = None, reserve_ms: int = 0) -> Claimed | None:
-    """(a held job) -> DISPATCHED on the claim's lease, or with `usage` ACTIVE on it (admitted ahead,
-    `reserve_ms` reserved on that usage row): the account's first held job claimed for `worker`,
-    unless (`yield_to_broker`) the broker's job waits. Under the lock, which saw the standing."""
-    admit = usage is not None
+def claim_for(*, account_id: int, queue: str, day: dt.date, worker: str, yield_to_broker: bool, usage: int,
+              reserve_ms: int) -> Claimed | None:
+    """(a held job) -> ACTIVE on the claim's lease (admitted ahead, `reserve_ms` reserved on the usage
+    row `usage`): the account's first held job claimed for `worker`, unless (`yield_to_broker`) the
+    broker's job waits. Under the lock, which saw the standing let it start."""
     run = TaskRun(account_id=account_id, queue=queue, worker=worker)
     row = db.fetch_one(QUERIES["claim"], {
         **claim_params(run=run, now=clock.now(), lease_s=standing.claim_lease_s()), "account_id": account_id,
-        "queue": queue, "day": day, "yield_to_broker": yield_to_broker, "admit": admit, "usage_id": usage,
-        "reserve_ms": reserve_ms})
+        "queue": queue, "day": day, "yield_to_broker": yield_to_broker, "usage_id": usage, "reserve_ms": reserve_ms})
     if row is None:
         return None
-    envelope = Envelope(job=row["job"], account=account_id, ref=row["ref"], priority=row["priority"])
-    if not admit:
-        return Claimed(envelope, row["id"])
     run.pk, run.job, run.ref = row["task_run_id"], row["job"], row["ref"]
+    envelope = Envelope(job=row["job"], account=account_id, ref=row["ref"], priority=row["priority"])
     return Claimed(envelope, row["id"], run=run, reserved_ms=reserve_ms, usage_id=usage)
 
 

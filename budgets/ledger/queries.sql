@@ -15,8 +15,8 @@ RETURNING 1 AS locked;
 -- name: standing
 -- The account's standing (budgets.standing.Standing): its Budget and day's usage row by unique key,
 -- its slots (index reservation_slots: bounded by its cap), the job's own dispatched slot by (job,
--- ref), its Backlog row, the pauses, its claim by (job, ref), and for a rate-limited account its
--- window: twice at most rate_starts TaskRun index entries.
+-- ref), its Backlog row, the pauses, and for a rate-limited account its window: twice at most
+-- rate_starts TaskRun index entries.
 SELECT b.cpu_seconds_per_day::bigint * 1000 AS cpu_limit_ms, b.max_concurrent, u.id AS usage_id,
        COALESCE(u.cpu_used_ms, 0) AS cpu_used_ms, COALESCE(u.cpu_reserved_ms, 0) AS cpu_reserved_ms,
        CASE WHEN o.id IS NULL THEN (SELECT taken FROM fairshare_taken(b.account_id, b.queue)) END AS in_flight,
@@ -25,8 +25,6 @@ SELECT b.cpu_seconds_per_day::bigint * 1000 AS cpu_limit_ms, b.max_concurrent, u
        COALESCE((SELECT k.blocked_until > %(now)s FROM scheduling_backlog k
                   WHERE k.account_id = b.account_id AND k.queue = b.queue), FALSE) AS blocked,
        o.id AS own_slot, EXISTS (SELECT 1 FROM fairshare_pauses(b.account_id, b.queue)) AS paused,
-       EXISTS (SELECT 1 FROM scheduling_deferredtask c
-                WHERE c.job = %(job)s AND c.ref = %(ref)s AND c.claimed_by = %(claimant)s::varchar) AS claimed,
        b.weight, b.rate_starts, b.rate_period_s,
        CASE WHEN b.rate_starts IS NOT NULL THEN (
          SELECT COUNT(*) FROM fairshare_window(b.account_id, b.queue, b.rate_starts, b.rate_period_s, %(wall_now)s))
@@ -132,9 +130,8 @@ SELECT EXISTS (SELECT 1 FROM b) AS fresh, (SELECT id FROM k) AS slot_id, (SELECT
 -- name: activate
 -- DISPATCHED (its own, %(own)s) or (none) -> ACTIVE, under the lock (budgets.admission.admit, which
 -- read the standing): the CPU reserved on the day's usage row (`u`), the run's record inserted
--- (`t`, %(insert_run)s) or given (%(run_id)s), a claimed job's claim completed (`c`, %(claimed)s),
--- its slot made ACTIVE: its own (`o`) or a new one (`n`). The clauses not asked for are one-time
--- filters of the plan. Rows by key.
+-- (`t`, %(insert_run)s) or given (%(run_id)s), its slot made ACTIVE: its own (`o`) or a new one
+-- (`n`). The clauses not asked for are one-time filters of the plan. Rows by key.
 WITH u AS (UPDATE budgets_usageday SET cpu_reserved_ms = cpu_reserved_ms + %(reserve_ms)s WHERE id = %(usage_id)s),
 t AS (
   INSERT INTO scheduling_taskrun (account_id, job, queue, ref, worker, started_at, outcome, cpu_ms, wall_ms,
@@ -143,9 +140,6 @@ t AS (
          'running', 0, 0, 0, 0, 0, 0, '', ''
    WHERE %(insert_run)s
   RETURNING id),
-c AS (
-  DELETE FROM scheduling_deferredtask
-   WHERE %(claimed)s AND job = %(job)s AND ref = %(ref)s AND claimed_by = %(worker)s),
 o AS (
   UPDATE budgets_reservation SET status = 'active', day = %(day)s, worker = %(worker)s, cpu_reserved_ms = %(reserve_ms)s,
          lease_expires_at = %(lease)s, task_run_id = COALESCE((SELECT id FROM t), %(run_id)s)
@@ -161,9 +155,9 @@ n AS (
 SELECT id, task_run_id FROM o UNION ALL SELECT id, task_run_id FROM n;
 
 -- name: claim
--- (a held job) -> DISPATCHED on the claim's lease, or with %(admit)s ACTIVE on it (admitted ahead:
--- its run recorded, `t`; %(reserve_ms)s reserved on the usage row %(usage_id)s, `u`), under the
--- account's lock, which read the standing: the first job of the account's line claimed for the
+-- (a held job) -> ACTIVE on the claim's lease (admitted ahead: its run recorded, `t`; %(reserve_ms)s
+-- reserved on the usage row %(usage_id)s, `u`), under the account's lock, which read the standing
+-- and found that it may start: the first job of the account's line claimed for the
 -- worker (`c`, fairshare_first_claimable: two claimants never take the same job and neither waits
 -- for the other), unless (%(yield_to_broker)s) a job sent to the broker on the queue waits for a worker. A
 -- job whose claim expired is taken over only once its claimant let it go (no slot of it left).
@@ -180,16 +174,15 @@ t AS (
   INSERT INTO scheduling_taskrun (account_id, job, queue, ref, worker, started_at, outcome, cpu_ms, wall_ms,
                                   db_wait_ms, storage_wait_ms, items, peak_rss_kb, error_class, error_message)
   SELECT %(account_id)s, c.job, %(queue)s, c.ref, %(worker)s, %(run_started_at)s, 'running', 0, 0, 0, 0, 0, 0, '', ''
-    FROM c WHERE %(admit)s
+    FROM c
   RETURNING id),
 u AS (
   UPDATE budgets_usageday SET cpu_reserved_ms = cpu_reserved_ms + %(reserve_ms)s
-   WHERE id = %(usage_id)s AND %(admit)s AND EXISTS (SELECT 1 FROM c))
+   WHERE id = %(usage_id)s AND EXISTS (SELECT 1 FROM c))
 INSERT INTO budgets_reservation (account_id, queue, day, job, ref, status, lease_expires_at, created_at, worker,
                                  cpu_reserved_ms, cpu_reported_ms, cpu_charged_ms, task_run_id)
-SELECT %(account_id)s, %(queue)s, %(day)s, c.job, c.ref, CASE WHEN %(admit)s THEN 'active' ELSE 'dispatched' END,
-       %(slot_lease)s, %(created_at)s, CASE WHEN %(admit)s THEN %(worker)s ELSE '' END,
-       CASE WHEN %(admit)s THEN %(reserve_ms)s ELSE 0 END, 0, 0, (SELECT id FROM t)
+SELECT %(account_id)s, %(queue)s, %(day)s, c.job, c.ref, 'active', %(slot_lease)s, %(created_at)s, %(worker)s,
+       %(reserve_ms)s, 0, 0, (SELECT id FROM t)
   FROM c
 RETURNING job, ref, id, task_run_id, (SELECT priority FROM c) AS priority;
 

@@ -44,13 +44,13 @@ def lock(*, account_id: int, queue: str) -> bool:
     return db.fetch_one(QUERIES["lock"], {"account_id": account_id, "queue": queue}) is not None
 
 
-def standing(*, account_id: int, queue: str, day: dt.date, envelope=None, claimant: str | None = None) -> Standing | None:
+def standing(*, account_id: int, queue: str, day: dt.date, envelope=None) -> Standing | None:
     """The account's standing on `day` (after `lock`: exact until the commit); None without a Budget
-    row. For a job (`envelope`) its own slot, and whether `claimant` still holds its claim."""
+    row. For a job (`envelope`) its own dispatched slot."""
     job, ref = (envelope.job, envelope.ref) if envelope is not None else ("", "")
     row = db.fetch_one(QUERIES["standing"], {
-        "account_id": account_id, "queue": queue, "day": day, "job": job, "ref": ref, "claimant": claimant,
-        "now": clock.now(), "wall_now": timezone.now()})
+        "account_id": account_id, "queue": queue, "day": day, "job": job, "ref": ref, "now": clock.now(),
+        "wall_now": timezone.now()})
     if row is None:
         return None
     return Standing(**{**row, "rate_frees_at": clock.from_wall(row["rate_frees_at"])})

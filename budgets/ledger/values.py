@@ -9,17 +9,14 @@ from scheduling.models import TaskRun
 
 @dataclass(frozen=True)
 class Claimed:
-    """A held job claimed with its slot: dispatched, or (`run` set) admitted ahead: it only starts."""
+    """A held job claimed for a worker and admitted ahead with its slot (ACTIVE on the claim's
+    lease, its run recorded): it only starts."""
 
     envelope: Envelope
     slot_id: int
-    run: TaskRun | None = None
-    reserved_ms: int = 0
-    usage_id: int | None = None
-
-    @property
-    def admitted(self) -> bool:
-        return self.run is not None
+    run: TaskRun
+    reserved_ms: int
+    usage_id: int
 
 
 @dataclass(frozen=True)
@@ -27,7 +24,7 @@ class Charged:
     """What a charge did, and what it saw of the holding area."""
 
     task_run_id: int | None
-    was_active: bool  # it ran (admitted); else it was only dispatched or claimed
+    was_active: bool  # it ran (admitted); else it was only dispatched
     in_line: bool  # the account has held work in its line on this queue
     waiting: bool  # some account's held work on the queue could go now (a free worker may pull it)
     others_waiting: bool = False  # another account's turn comes first: the freed slot goes by the fair order

@@ -32,9 +32,9 @@ def start(handed, *, worker: str):
     return start_admitted(claimed=handed, queue="default", worker=worker)
 
 
-def run(account, ref: str, claimant: str | None = None):
+def run(account, ref: str):
     return admit(envelope=Envelope(job="tests.noop", account=account.pk, ref=ref), queue="default", estimate_ms=10,
-                 worker="w", claimant=claimant)
+                 worker="w")
 
 
 def test_settlement_hands_the_freed_slot_to_the_accounts_oldest_held_job(account):
@@ -100,8 +100,8 @@ def test_a_claimant_that_lost_its_claim_does_not_run_the_job(account):
     budget(account, cap=1)
     enqueue_many(job="tests.noop", work=[(account.pk, f"0/{i}") for i in range(2)])
     first = run(account, "0/0")
-    settle(slot_id=first.slot_id, account_id=account.pk, queue="default", meter=meter(5),
-           hand_to="w1")
+    handed = settle(slot_id=first.slot_id, account_id=account.pk, queue="default", meter=meter(5),
+                    hand_to="w1").handed_to
     # w1 stalls past its claim's lease: the claim and the slot taken for it expire ...
     DeferredTask.objects.update(claim_expires_at=clock.now() - dt.timedelta(seconds=1))
     Reservation.objects.update(lease_expires_at=timezone.now() - dt.timedelta(seconds=1))
@@ -110,7 +110,7 @@ def test_a_claimant_that_lost_its_claim_does_not_run_the_job(account):
     assert not DeferredTask.objects.exists()
     assert Reservation.objects.get().status == ReservationStatus.DISPATCHED
 
-    late = run(account, "0/1", claimant="w1")
+    late = start(handed, worker="w1")
 
     assert not late.admitted and late.reason is None  # skipped, not held: nothing runs it twice
     assert not DeferredTask.objects.exists()

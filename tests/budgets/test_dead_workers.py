@@ -2,14 +2,13 @@
 pool's sentinel once none of its database sessions is left: scheduling.deaths), in-process. The
 same with a real pool whose workers are SIGKILLed: tests/scheduling/test_pool.py."""
 import pytest
-from django.db import transaction
 
-from budgets import clock, ledger
+from budgets import ledger
 from budgets.admission import admit
-from budgets.models import Budget, Reservation, ReservationStatus
+from budgets.models import Reservation, ReservationStatus
 from budgets.reclaim import reclaim_expired, reclaim_worker
 from budgets.settlement import settle
-from scheduling.models import DeferReason, DeferredTask, Outcome, TaskRun
+from scheduling.models import DeferredTask, Outcome, TaskRun
 from scheduling.envelope import Envelope
 from scheduling.runtime import enqueue_many
 from scheduling.services import task_run_new
@@ -71,25 +70,3 @@ def test_a_job_passed_on_to_a_worker_that_died_before_starting_it_goes_on_at_onc
     assert list(DeferredTask.objects.values_list("ref", "claimed_by")) == [("0/2", "")]
     assert reclaim_worker(worker="w1") == 0
     assert not in_flight_of("w1")
-
-
-def test_a_slot_taken_for_a_dead_workers_claim_is_given_back_with_the_claim(account):
-    budget(account, cap=1)
-    enqueue_many(job="tests.noop", work=[(account.pk, f"0/{i}") for i in range(2)])
-    Budget.objects.update(max_concurrent=2)
-    with transaction.atomic():  # a claim without admission (the account may not start it now)
-        ledger.lock(account_id=account.pk, queue="default")
-        claimed = ledger.claim_for(account_id=account.pk, queue="default", day=clock.budget_day(), worker="w1",
-                                   yield_to_broker=False)
-    assert claimed.envelope.ref == "0/1"
-    assert Reservation.objects.filter(ref="0/1", status=ReservationStatus.DISPATCHED, worker="").exists()
-
-    assert reclaim_worker(worker="w1") == 1
-
-    # The slot taken for it given back and the claim with it: the job waits in line, claimable by
-    # anyone at once, then the freed slot goes to the line (it is sent again).
-    assert not DeferredTask.objects.filter(claimed_by="w1").exists()
-    assert not DeferredTask.objects.exists() or DeferredTask.objects.get().reason == DeferReason.MESSAGE_LOST
-    assert Reservation.objects.filter(status=ReservationStatus.DISPATCHED).count() == 2
-    assert reclaim_worker(worker="w1") == 0
-    assert usage(account).cpu_reserved_ms == 0

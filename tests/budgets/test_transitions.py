@@ -77,7 +77,10 @@ def test_the_lock_the_fair_order_and_the_brokers_question(acme, other_account, d
     Reservation.objects.update(created_at=timezone.now() - dt.timedelta(seconds=5))
     assert ledger.broker_waiting(queue=QUEUE) is True
     with transaction.atomic():  # a claim that yields to the broker takes nothing
-        assert ledger.claim_for(account_id=acme.pk, queue=QUEUE, day=day, worker="w", yield_to_broker=True) is None
+        usage_id = ledger.usage_id(state(acme, day), account_id=acme.pk, queue=QUEUE, day=day)
+        assert ledger.claim_for(account_id=acme.pk, queue=QUEUE, day=day, worker="w", yield_to_broker=True,
+                                usage=usage_id, reserve_ms=100) is None
+    assert usage(acme, day).cpu_reserved_ms == 0
 
 
 def test_dispatch_redispatch_drop_and_undispatch(acme, day):
@@ -115,17 +118,13 @@ def test_activate_in_each_of_its_shapes(acme, day):
     run.save()
     assert ledger.activate(envelope=job(acme, "own"), queue=QUEUE, state=state(acme, day), day=day, own=own,
                            reserve_ms=700, run=run, worker="w") == own
-    # A new slot, its run inserted with it, a claimed job's claim completed.
-    holding.hold(envelope=job(acme, "claimed"), queue=QUEUE, reason=DeferReason.CONCURRENCY_CAP,
-                 eligible_at=holding.clock.now())
-    DeferredTask.objects.filter(ref="claimed").update(claimed_by="w")
-    new_run = task_run_new(job="tests.noop", queue=QUEUE, account_id=acme.pk, ref="claimed")
-    new = ledger.activate(envelope=job(acme, "claimed"), queue=QUEUE, state=state(acme, day), day=day, own=None,
-                          reserve_ms=300, run=new_run, worker="w", claimant="w")
+    # A new slot (a duplicate delivery, an operator's release), its run inserted with it.
+    new_run = task_run_new(job="tests.noop", queue=QUEUE, account_id=acme.pk, ref="new")
+    new = ledger.activate(envelope=job(acme, "new"), queue=QUEUE, state=state(acme, day), day=day, own=None,
+                          reserve_ms=300, run=new_run, worker="w")
     assert new_run.pk is not None and Reservation.objects.get(pk=new).task_run_id == new_run.pk
-    assert not DeferredTask.objects.exists()  # the claim completed
     assert set(Reservation.objects.values_list("ref", "status", "cpu_reserved_ms")) == {
-        ("own", S.ACTIVE, 700), ("claimed", S.ACTIVE, 300)}
+        ("own", S.ACTIVE, 700), ("new", S.ACTIVE, 300)}
     assert usage(acme, day).cpu_reserved_ms == 1000
 
 
@@ -142,21 +141,20 @@ def test_admit_at_once_admits_a_sent_job_below_its_caps_and_leaves_the_rest_to_t
                                 worker="w").slot_id is None
 
 
-def test_claim_for_takes_the_first_job_of_the_line_with_its_slot_and_may_admit_it(acme, day):
+def test_claim_for_takes_the_first_job_of_the_line_with_its_slot_and_admits_it(acme, day):
     for ref in ("first", "second"):
         holding.hold(envelope=job(acme, ref), queue=QUEUE, reason=DeferReason.CONCURRENCY_CAP,
                      eligible_at=holding.clock.now())
     with transaction.atomic():
-        claimed = ledger.claim_for(account_id=acme.pk, queue=QUEUE, day=day, worker="w1", yield_to_broker=False)
-    assert (claimed.envelope.ref, claimed.admitted) == ("first", False)
-    assert Reservation.objects.get(pk=claimed.slot_id).status == S.DISPATCHED
-    with transaction.atomic():
         usage_id = ledger.usage_id(state(acme, day), account_id=acme.pk, queue=QUEUE, day=day)
+        first = ledger.claim_for(account_id=acme.pk, queue=QUEUE, day=day, worker="w1", usage=usage_id,
+                                 reserve_ms=300, yield_to_broker=False)
         admitted = ledger.claim_for(account_id=acme.pk, queue=QUEUE, day=day, worker="w2", usage=usage_id,
                                     reserve_ms=500, yield_to_broker=False)
-    assert (admitted.envelope.ref, admitted.admitted, admitted.reserved_ms) == ("second", True, 500)
+    assert (first.envelope.ref, admitted.envelope.ref, admitted.reserved_ms) == ("first", "second", 500)
     assert Reservation.objects.get(pk=admitted.slot_id).status == S.ACTIVE and admitted.run.pk is not None
-    assert usage(acme, day).cpu_reserved_ms == 500
+    assert TaskRun.objects.get(pk=admitted.run.pk).outcome == Outcome.RUNNING  # recorded from its claim
+    assert usage(acme, day).cpu_reserved_ms == 800
     assert dict(DeferredTask.objects.values_list("ref", "claimed_by")) == {"first": "w1", "second": "w2"}
 
     # It starts: its claim completes. A second start finds it gone and must not run.
@@ -169,7 +167,7 @@ def test_claim_for_takes_the_first_job_of_the_line_with_its_slot_and_may_admit_i
     assert ledger.reserve_more(slot_id=admitted.slot_id, usage_id=admitted.usage_id, ms=9000, checked=False) is False
     ledger.reserve_more(slot_id=admitted.slot_id, usage_id=admitted.usage_id, ms=100, checked=True)
     assert Reservation.objects.get(pk=admitted.slot_id).cpu_reserved_ms == 1600
-    assert usage(acme, day).cpu_reserved_ms == 1600
+    assert usage(acme, day).cpu_reserved_ms == 1900  # with the first's 300
 
 
 def test_unadmit_gives_back_what_an_admission_that_never_started_reserved(acme, day):
@@ -234,8 +232,7 @@ def test_charge_passes_the_slot_on_to_the_next_job_of_the_line(acme, day, settin
                             end=RunEnd(meter=meter, outcome=Outcome.SUCCEEDED), now=holding.clock.now(),
                             pass_on=PassOn(worker="w", day=day, lease_s=30))
     passed = charged.passed
-    assert (passed.envelope.ref, passed.admitted, passed.reserved_ms, passed.usage_id) == (
-        "next", True, 900, usage(acme, day).pk)
+    assert (passed.envelope.ref, passed.reserved_ms, passed.usage_id) == ("next", 900, usage(acme, day).pk)
     assert Reservation.objects.get(pk=passed.slot_id).status == S.ACTIVE
     assert DeferredTask.objects.get(ref="next").claimed_by == "w"
     u = usage(acme, day)

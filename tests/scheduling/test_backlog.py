@@ -7,7 +7,7 @@ import pytest
 from django.db import connection
 from django.db.models import Count, Q
 
-from budgets.models import Account
+from budgets.models import Account, UsageDay
 from budgets import clock as budget_clock
 from budgets import ledger
 from scheduling import clock, holding
@@ -56,8 +56,10 @@ def test_the_counts_follow_every_change_of_the_holding_area(account, other_accou
     assert counted() == recounted()
     assert counted()[(account.pk, "default")]["in_line"] == 2999
 
-    claimed = ledger.claim_for(account_id=account.pk, queue="default", day=budget_clock.budget_day(), worker="w",
-                               yield_to_broker=False)  # a claim changes no count
+    day = budget_clock.budget_day()
+    usage_id = UsageDay.objects.get_or_create(account=account, queue="default", day=day)[0].pk
+    claimed = ledger.claim_for(account_id=account.pk, queue="default", day=day, worker="w", yield_to_broker=False,
+                               usage=usage_id, reserve_ms=0)  # a claim changes no count
     assert (claimed.envelope.job, claimed.envelope.ref) == ("tests.noop", "a1")
     assert DeferredTask.objects.filter(ref="a1", claimed_by="w").delete()[0] == 1  # its run started
     assert len(holding.release_first(account_id=account.pk, queue="default", limit=10)) == 10

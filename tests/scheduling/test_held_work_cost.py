@@ -169,7 +169,7 @@ def test_each_question_about_held_work_reads_a_bounded_number_of_rows(holding_ar
                                         {"queue": "default", "now": now, "account_id": capped.pk}),
         # An account's standing (every admission under the lock, every hand-off and release).
         "standing": (QUERIES["standing"], {"account_id": capped.pk, "queue": "default", "day": budget_clock.budget_day(),
-                                  "job": "", "ref": "", "claimant": None, "now": now, "wall_now": now}),
+                                  "job": "", "ref": "", "now": now, "wall_now": now}),
         # "Is a job sent to the broker waiting for a worker" (every enqueue, pass-on and release).
         "broker's question": (QUERIES["broker_waiting"], broker),
         # The enqueue check's common case for an account with a free slot and a job in line: the
@@ -228,7 +228,7 @@ def test_a_rate_limits_window_reads_no_more_than_its_limit_of_history():
     with connection.cursor() as cursor:
         cursor.execute(f"ANALYZE {TaskRun._meta.db_table}")
     params = {"account_id": account.pk, "queue": "default", "day": budget_clock.budget_day(), "job": "", "ref": "",
-              "claimant": None, "now": now, "wall_now": now}
+              "now": now, "wall_now": now}
     read = rows_read(QUERIES["standing"], params, tables=(TaskRun._meta.db_table,))
     assert read[TaskRun._meta.db_table] <= 2 * 50 + 4, read  # the count's 50 and the oldest-in-window's 50
     state = ledger.standing(account_id=account.pk, queue="default", day=budget_clock.budget_day())

@@ -6,7 +6,7 @@ import pytest
 from django.db import transaction
 from django_q.tasks import async_task
 
-from budgets.models import Role
+from budgets.models import Role, UsageDay
 from budgets import clock as budget_clock
 from budgets import ledger
 from scheduling import holding
@@ -171,6 +171,8 @@ def test_a_parked_message_is_never_claimed_to_run_in_place_only_sent_back(accoun
     speaks(settings, NEWER)
 
     with transaction.atomic():
-        assert ledger.claim_for(account_id=account.pk, queue="default", day=budget_clock.budget_day(), worker="w:1",
-                                yield_to_broker=False) is None
+        day = budget_clock.budget_day()
+        usage_id = UsageDay.objects.get_or_create(account=account, queue="default", day=day)[0].pk
+        assert ledger.claim_for(account_id=account.pk, queue="default", day=day, worker="w:1", yield_to_broker=False,
+                                usage=usage_id, reserve_ms=0) is None
     assert DeferredTask.objects.get().claimed_by == ""
