@@ -141,7 +141,7 @@ def test_each_question_about_held_work_reads_a_bounded_number_of_rows(holding_ar
     broker = {"queue": "default", "broker_since": now + dt.timedelta(minutes=1), "broker_forgets": now - dt.timedelta(minutes=1)}
     claim = {**broker, "account_id": capped.pk, "queue": "default", "day": budget_clock.budget_day(), "worker": "w",
              "now": now, "claim_expires_at": now + dt.timedelta(seconds=30), "yield_to_broker": False,
-             "slot_lease": now, "created_at": now, "admit": False, "usage_id": 0, "reserve_ms": 0,
+             "slot_lease": now, "created_at": now, "usage_id": 0, "reserve_ms": 0,
              "run_started_at": now}
     # The line's first three jobs were claimed by a worker that died: their claims expired, their
     # slots still stand (the reclaim has not given them back), so a claim may not take them over.
