@@ -191,7 +191,7 @@ def maintain(pools: Pools, counts: dict) -> None:
     from budgets.reclaim import reclaim_expired
     from exports.maintenance import reconcile_exports
     from scheduling.liveness import queue_health
-    from scheduling.db import close_old_connections
+    from scheduling.connections import close_old_connections
     from scheduling.services import task_runs_sweep_lost
 
     pools.supervise()

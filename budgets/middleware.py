@@ -7,7 +7,7 @@ from budgets.ledger import Claimed
 from budgets.limits import BudgetExhausted, RunBudget, SlotLost, cpu_limit
 from budgets.settlement import Settled, settle
 from budgets.watcher import Watcher
-from scheduling.db import retry_on_disconnect
+from scheduling.connections import retry_on_disconnect
 from scheduling.faults import fault_point
 from scheduling.models import Outcome
 from scheduling.pausing import hold_if_paused

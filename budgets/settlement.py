@@ -10,7 +10,7 @@ from django.db import transaction
 
 from budgets import clock, ledger, standing
 from budgets.admission import hold_and_wake
-from budgets.handoff import claim_next, passed_on, release_locked, release_next
+from budgets.handoff import claim_next, passed_on, release_next
 from budgets.ledger import Claimed, PassOn
 from budgets.locks import lock, locked_standing
 from budgets.standing import Standing
@@ -101,10 +101,3 @@ def _give_freed_slot(*, account_id: int, queue: str, state: Standing, day: dt.da
     if hand_to is None:
         return None
     return claim_next(account_id=account_id, queue=queue, state=state, day=day, worker=hand_to)
-
-
-def release_if_in_line(*, account_id: int, queue: str) -> int:
-    """A settlement's look after its commit, made later (`look_again_later`). Returns how many went."""
-    if not holding.in_line(account_id=account_id, queue=queue):
-        return 0
-    return release_locked(account_id=account_id, queue=queue)

@@ -78,7 +78,8 @@ def refusal(state: Standing, now: dt.datetime, *, at_start: bool = False, line: 
     if state.unreserved_ms <= 0:
         return out_of_budget(state, now)
     if state.rate_full if at_start else state.starts_left == 0:
-        return rate_wait(state, now)
+        # Until the oldest start in its window leaves it (or now: jobs on their way took the room).
+        return DeferReason.RATE_LIMITED, max(now, state.rate_frees_at or now)
     if state.active >= state.max_concurrent or (
             not (at_start and state.own_slot is not None) and state.free_slots <= 0):
         return DeferReason.CONCURRENCY_CAP, now  # released as soon as one of the account's runs settles
@@ -100,11 +101,6 @@ def releasable(state: Standing) -> int:
     if not state.in_line or refusal(state, clock.now(), pause=True) is not None:
         return 0
     return room(state)
-
-
-def rate_wait(state: Standing, now: dt.datetime) -> tuple[str, dt.datetime]:
-    """Until the oldest start in its window leaves it (or now: jobs on their way took the room)."""
-    return DeferReason.RATE_LIMITED, max(now, state.rate_frees_at or now)
 
 
 def step_ms(estimate_ms: int) -> int:

@@ -15,9 +15,9 @@ from django.conf import settings
 from django.db import connections
 
 from budgets import standing
+from budgets.handoff import release_if_ready
 from budgets.limits import RunBudget
 from budgets.running import reservation_grow, reservation_renew, retake_slot
-from budgets.settlement import release_if_in_line
 
 # How long a run that spent its allowance waits for the watcher thread to reserve more.
 REFILL_WAIT_S = 10
@@ -45,7 +45,7 @@ class Watcher(threading.Thread):
     `cpu_limit` handles it). Every RESERVATION_HEARTBEAT_S it reports the CPU used so far and
     renews the reservation's lease, so the slot of a run whose worker died is reclaimed once the
     lease expires. It also makes the look after the settlements since its last tick, once per
-    account and queue (`look_again_later`, `budgets.settlement.release_if_in_line`): each run's settlement spares
+    account and queue (`look_again_later`, `budgets.handoff.release_if_ready`): each run's settlement spares
     that statement. Between runs, with nothing to look for, it does nothing and closes its
     connection.
     """
@@ -129,7 +129,7 @@ class Watcher(threading.Thread):
             looks, self._looks = self._looks, set()
         for account_id, queue in looks:
             try:
-                release_if_in_line(account_id=account_id, queue=queue)
+                release_if_ready(account_id=account_id, queue=queue)
             except Exception:
                 connections.close_all()
         return bool(looks)

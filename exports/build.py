@@ -23,7 +23,7 @@ from scheduling.metering import Meter
 from scheduling.models import Outcome, TaskRun
 from scheduling.redaction import describe_error
 from scheduling.context import UnlimitedBudget
-from scheduling.db import close_old_connections
+from scheduling.connections import close_old_connections
 
 logger = logging.getLogger("fairshare.exports")
 

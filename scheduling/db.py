@@ -1,12 +1,10 @@
 """Database connections: the cursor for Fairshare's own hot statements, bound server-side and
 prepared once per connection (these WITH statements cost more to plan than to run: settlement
-0.28–0.42 ms planning, 0.09–0.18 ms execution), and keeping a worker's connections healthy between
-tasks. FAIRSHARE["PREPARED_STATEMENTS"] = False turns preparing off, for a pooler that cannot keep
+0.28–0.42 ms planning, 0.09–0.18 ms execution); the statements of a .sql file by name, and one
+run with the statements sent along with it (one round trip). FAIRSHARE["PREPARED_STATEMENTS"] = False turns preparing off, for a pooler that cannot keep
 prepared statements across transactions (PgBouncer before 1.21 in transaction mode).
 """
 import re
-import select
-import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -14,7 +12,7 @@ from typing import Any, TypeVar
 
 import psycopg
 from django.conf import settings
-from django.db import DEFAULT_DB_ALIAS, InterfaceError, OperationalError, connections
+from django.db import DEFAULT_DB_ALIAS, connections
 from django.db.backends.postgresql.base import CursorDebugWrapper
 from django.db.backends.postgresql.psycopg_any import register_tzloader
 from django.db.backends.utils import CursorWrapper
@@ -162,58 +160,3 @@ def fetch_one(statement: str, params: Mapping[str, Any]) -> dict[str, Any] | Non
         return None if row is None else dict(zip([column.name for column in c.description], row))
 
     return _execute(statement, params, read)
-
-
-# How recently a connection must have served a task for its quiet socket to be trusted: one idle
-# for longer may have been dropped without a word (a NAT's idle timeout), which only a round trip finds.
-TRUST_QUIET_FOR_S = 5.0
-
-
-def trust_quiet_connection() -> None:
-    """At a task's start, spare Django's health check (a round trip a task) when the connection served
-    the previous task moments ago and its socket has nothing to read: an idle session receives nothing
-    it did not ask for, so anything there (the server's goodbye, end of file) means it is gone."""
-    connection = connections[DEFAULT_DB_ALIAS]
-    raw = connection.connection
-    if raw is None:
-        return
-    now = time.monotonic()
-    previous = getattr(connection, "_fairshare_previous_task", None)
-    connection._fairshare_previous_task = (raw, now)
-    if (connection.health_check_done or previous is None or previous[0] is not raw
-            or now - previous[1] > TRUST_QUIET_FOR_S or raw.closed or raw.broken
-            or select.select([raw.fileno()], [], [], 0)[0]):
-        return
-    connection.health_check_done = True
-
-
-def close_old_connections() -> None:
-    """Close this thread's connections that died or were left unusable. Not Django's: that also closes
-    those past CONN_MAX_AGE (with 0, every one: a connection a task), and inside a caller's transaction
-    (django-q2 `sync` mode, an on-commit callback) it would close the connection under its caller."""
-    for conn in connections.all(initialized_only=True):
-        if conn.connection is None or conn.in_atomic_block:
-            continue
-        if conn.get_autocommit() != conn.settings_dict["AUTOCOMMIT"] or (conn.errors_occurred and not conn.is_usable()):
-            conn.close()
-        elif conn.errors_occurred:
-            conn.errors_occurred = False
-
-
-# Writes that must land after the work is done (settlement, the run's record): tries, and the pause
-# before the n-th retry (n x this).
-RECONNECT_ATTEMPTS = 5
-RECONNECT_DELAY_S = 0.5
-
-
-def retry_on_disconnect(write: Callable[[], T]) -> T:
-    """Run `write` (one transaction, safe to run again), reconnecting and trying again when the
-    database connection dropped (a failover, a proxy restart): the work it would lose is done."""
-    for attempt in range(1, RECONNECT_ATTEMPTS + 1):
-        try:
-            return write()
-        except (OperationalError, InterfaceError):
-            if attempt == RECONNECT_ATTEMPTS:
-                raise
-            close_old_connections()
-            time.sleep(RECONNECT_DELAY_S * attempt)

@@ -14,7 +14,7 @@ from scheduling import envelope as contract
 from scheduling.models import DeferReason, Outcome
 from scheduling.registry import get_job
 from scheduling.retries import MustWait, is_transient
-from scheduling.db import close_old_connections, retry_on_disconnect
+from scheduling.connections import close_old_connections, retry_on_disconnect
 
 logger = logging.getLogger("fairshare.tasks")
 

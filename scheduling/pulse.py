@@ -61,7 +61,7 @@ def _until_next_tick(interval: float) -> float:
 
 def _loop(interval: float, queue: str, watch: stuck.StuckWatch | None) -> None:
     from scheduling.holding import release_due
-    from scheduling.db import close_old_connections
+    from scheduling.connections import close_old_connections
 
     every = settings.FAIRSHARE["WORKER_HEARTBEAT_S"]
     last_heartbeat = 0.0

@@ -17,7 +17,7 @@ from django.conf import settings
 from django.db import DEFAULT_DB_ALIAS, transaction
 from django.utils.module_loading import import_string
 
-from scheduling import clock, db
+from scheduling import clock, connections
 from scheduling.broker import RUNNER, send
 from scheduling.context import Handoff, TaskContext
 from scheduling.envelope import Envelope, check_priority
@@ -170,7 +170,7 @@ def execute(message: Any) -> None:
     def room() -> bool:
         return runs_left > 0 and time.monotonic() < deadline
 
-    db.trust_quiet_connection()  # django-q2 just asked for a health check before the task's first query
+    connections.trust_quiet_connection()  # django-q2 just asked for a health check before the task's first query
     ctx = TaskContext(message=message, may_run_next=room)
     _chain()(ctx)
     while (claimed := _next_for(ctx)) is not None:
@@ -194,7 +194,7 @@ def _next_for(after: TaskContext) -> Handoff | None:
     except Exception as exc:  # e.g. the database went away: the message's own work is done; stop
         # here (raising would make django-q2 count the message as failed and deliver it again).
         logger.warning("pulling held work failed", extra={"error_class": type(exc).__name__})
-        db.close_old_connections()
+        connections.close_old_connections()
     return None
 
 

@@ -43,7 +43,7 @@ from django_q.conf import Conf
 from django_q.signing import PickleSerializer, SignedPackage
 
 from scheduling.broker import RUNNER, FifoORM, send_message
-from scheduling.db import close_old_connections
+from scheduling.connections import close_old_connections
 from scheduling.services import task_run_reject
 
 logger = logging.getLogger("fairshare.tasks")

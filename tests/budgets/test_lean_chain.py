@@ -127,25 +127,25 @@ def test_the_chain_prepares_its_own_statements_once_per_connection_and_only_them
 
 
 def test_a_task_spares_the_health_check_ping_only_while_its_connection_is_quiet(account, monkeypatch):
-    """scheduling.db.trust_quiet_connection: after django-q2's close_old_connections() a connection
+    """scheduling.connections.trust_quiet_connection: after django-q2's close_old_connections() a connection
     that served the previous task moments ago and has nothing on its socket is used without
     Django's `SELECT 1` ping; one idle for longer, or whose session the server ended (its goodbye
     is waiting on the socket), gets the ping; a dead one fails it and is replaced, and the task
     runs on the new connection."""
     from django.db import close_old_connections
 
-    from scheduling import db
+    from scheduling import connections as db_connections
 
     Budget.objects.create(account=account, queue="default", cpu_seconds_per_day=10, max_concurrent=4)
     execute(Envelope(job="tests.noop", account=account.pk, ref="quiet/first").to_message())
     close_old_connections()
     assert not connection.health_check_done
-    db.trust_quiet_connection()
+    db_connections.trust_quiet_connection()
     assert connection.health_check_done  # the ping is spared: it served a task moments ago
 
     close_old_connections()
-    monkeypatch.setattr(db, "TRUST_QUIET_FOR_S", 0.0)  # as if idle for long: it may be dropped silently
-    db.trust_quiet_connection()
+    monkeypatch.setattr(db_connections, "TRUST_QUIET_FOR_S", 0.0)  # as if idle for long: it may be dropped silently
+    db_connections.trust_quiet_connection()
     assert not connection.health_check_done
     monkeypatch.undo()
 
@@ -157,7 +157,7 @@ def test_a_task_spares_the_health_check_ping_only_while_its_connection_is_quiet(
         other.execute("SELECT pg_terminate_backend(%s)", [pid])
     fd = connection.connection.fileno()
     wait_for(lambda: select.select([fd], [], [], 0)[0], timeout=10, message="the server's goodbye")
-    db.trust_quiet_connection()
+    db_connections.trust_quiet_connection()
     assert not connection.health_check_done  # Django pings, finds it dead and reconnects
 
     execute(Envelope(job="tests.noop", account=account.pk, ref="quiet/after-terminate").to_message())

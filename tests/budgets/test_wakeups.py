@@ -136,7 +136,7 @@ def test_a_workers_settlement_leaves_its_look_to_the_watcher(
     from budgets.watcher import Watcher
 
     if not watcher_looks:
-        monkeypatch.setattr("budgets.watcher.release_if_in_line", lambda **kwargs: 0)
+        monkeypatch.setattr("budgets.watcher.release_if_ready", lambda **kwargs: 0)
     watcher = Watcher()  # not started: its tick's look is made below
 
     with CaptureQueriesContext(connection) as queries:
