@@ -19,9 +19,11 @@ bench/budget_overhead.py), in the same run, each going first in turn:
 Measured for each path:
 - enqueue: N enqueues in this process with no worker running (ms per enqueue, median of rounds),
   and the SQL statements one enqueue sends;
-- run in-process: the messages of N enqueues run through the whole chain in this process, as a
-  worker runs them (wall and this process's CPU per task: the worker's side alone, less exposed
-  to the rest of the machine than the cluster's throughput);
+- run in-process: N jobs enqueued with no worker running (all wait in the account's line), then
+  run in this process as one idle worker runs them: the messages its pulse releases to the broker,
+  and the jobs each run's settlement hands on (wall and this process's CPU per job, each checked
+  to have succeeded once: the worker's side alone, less exposed to the rest of the machine than
+  the cluster's throughput);
 - throughput: N enqueues into a running `manage.py qcluster` (2 workers, the benchmark's own
   database), timed from the first enqueue until the broker holds none of the path's messages
   (django-q2's monitor deletes the OrmQ row when it acknowledges a finished task), as in
@@ -100,41 +102,62 @@ def measure_enqueue(n: int, rounds: int, account_id: int) -> dict:
                    "statements": statements_per_enqueue(path, account_id)} for path in PATHS}
 
 
-def messages(path: str, n: int, account_id: int, tag: str) -> list[dict]:
-    """Enqueue n of the path's no-ops (no worker running) and return the messages a worker gets."""
+def enqueue_all_held(path: str, n: int, account_id: int, tag: str) -> None:
+    """Enqueue n of the path's no-ops with no worker running: all wait in the account's line."""
     from bench.tasks_noop import noop
-    from scheduling.envelope import Envelope
     from scheduling.runtime import enqueue
 
-    if path == "job":
-        refs = [f"{tag}-{i}" for i in range(n)]
-        for ref in refs:
-            enqueue(job=JOB, account=account_id, ref=ref)
-        return [Envelope(job=JOB, account=account_id, ref=ref).to_message() for ref in refs]
-    return [Envelope(job="tasks.run.default", account=account_id, ref=noop.enqueue(account=account_id).id)
-            .to_message() for _ in range(n)]
+    for i in range(n):
+        if path == "job":
+            enqueue(job=JOB, account=account_id, ref=f"{tag}-{i}")
+        else:
+            noop.enqueue(account=account_id)
+
+
+def run_in_process() -> None:
+    """Run the queue's work as a worker with nothing else to do: it takes the broker's messages (the
+    ORM broker's rows, acknowledged as taken) and runs each through the whole chain (django-q2
+    closes old connections before each task), each run's settlement handing it the next held job;
+    with no message left its pulse releases a held job to the broker (budgets.handoff.release_due
+    for one idle worker); until nothing is held."""
+    from django.db import close_old_connections
+    from django_q.models import OrmQ
+    from django_q.signing import SignedPackage
+
+    from budgets.handoff import release_due
+    from scheduling.runtime import execute
+
+    while True:
+        rows = list(OrmQ.objects.filter(key=QUEUE).order_by("id"))
+        if not rows and not release_due(idle_workers={QUEUE: 1}):
+            return
+        for row in rows:
+            row.delete()
+            close_old_connections()
+            execute(*SignedPackage.loads(row.payload)["args"])
 
 
 def measure_execute(n: int, rounds: int, account_id: int) -> dict:
-    """The worker's side alone, in this process: each message run through the whole chain as a
-    worker runs it (django-q2 closes old connections before each task); wall and this process's
-    CPU per task. Less exposed to what else the machine runs than the cluster's throughput."""
-    from django.db import close_old_connections
+    """The worker's side alone, in this process (`run_in_process`): wall and this process's CPU per
+    job, each of the n run once. Less exposed to what else the machine runs than the cluster's
+    throughput."""
+    from django.db.models import Count
 
-    from scheduling.runtime import execute
+    from scheduling.models import TaskRun
 
     wall = {path: [] for path in PATHS}
     cpu = {path: [] for path in PATHS}
     for r in range(rounds):
         for path in PATHS[r % 2:] + PATHS[:r % 2]:
             h.reset_tables(*TABLES)
-            batch = messages(path, n, account_id, f"x{r}-{path}")
+            enqueue_all_held(path, n, account_id, f"x{r}-{path}")
             t0, c0 = time.perf_counter(), time.process_time()
-            for message in batch:
-                close_old_connections()
-                execute(message)
+            run_in_process()
             wall[path].append((time.perf_counter() - t0) * 1000 / n)
             cpu[path].append((time.process_time() - c0) * 1000 / n)
+            runs = dict(TaskRun.objects.values_list("outcome").annotate(c=Count("id")).order_by())
+            if runs != {"succeeded": n}:
+                raise SystemExit(f"in-process {path}: {n} jobs, runs {runs}: each should have succeeded once")
     h.reset_tables(*TABLES)
     return {path: {"wall_ms": wall[path], "cpu_ms": cpu[path], "median_wall_ms": h.median(wall[path]),
                    "median_cpu_ms": h.median(cpu[path])} for path in PATHS}
