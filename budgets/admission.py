@@ -41,7 +41,7 @@ def admit_at_enqueue(*, envelope: Envelope, queue: str) -> bool:
     It is held for the first reason `standing.refusal` finds (out of budget today, its rate limit
     reached, no free slot on this queue, work in line before it: it waits behind it, in line order),
     and when no worker of the queue could start it now (each runs or is sent a job:
-    `ledger.idle_workers`; or a job sent to the broker waits for one): then the busy
+    fairshare_idle_workers; or a job sent to the broker waits for one): then the busy
     workers' loops take it from the line in the fair order (budgets.handoff), and what the broker
     holds stays as short as the number of workers, instead of a flood waiting there first in,
     first out. CPU is reserved when it starts.
@@ -51,11 +51,10 @@ def admit_at_enqueue(*, envelope: Envelope, queue: str) -> bool:
     """
     now = clock.now()
     day = clock.budget_day(now)
-    idle = ledger.idle_workers(queue=queue)
-    workers_free = idle is None or idle > 0
-    decided = ledger.dispatch_or_hold(envelope=envelope, queue=queue, day=day, workers_free=workers_free)
-    if decided is not None:
-        return decided
+    checked = ledger.dispatch_or_hold(envelope=envelope, queue=queue, day=day)
+    if checked.decided:
+        return checked.slot_id is not None
+    workers_free = checked.workers_free
     with transaction.atomic():
         state = locked_standing(account_id=envelope.account, queue=queue, day=day, envelope=envelope)
         if state.own_slot is not None:

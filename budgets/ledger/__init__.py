@@ -32,10 +32,10 @@ from budgets.ledger.reads import (
     IN_FLIGHT, broker_waiting, idle_workers, lock, may_take_over, ready_accounts, standing, usage_id,
 )
 from budgets.ledger.settling import charge, grow, reclaim, renew, revive
-from budgets.ledger.values import AdmittedAtOnce, Charged, Claimed, PassOn, Ready
+from budgets.ledger.values import AdmittedAtOnce, Charged, Claimed, EnqueueCheck, PassOn, Ready
 
 __all__ = [
-    "IN_FLIGHT", "AdmittedAtOnce", "Charged", "Claimed", "PassOn", "Ready", "activate", "admit_at_once",
+    "IN_FLIGHT", "AdmittedAtOnce", "Charged", "Claimed", "EnqueueCheck", "PassOn", "Ready", "activate", "admit_at_once",
     "broker_waiting", "charge", "claim_for", "dispatch", "dispatch_many", "dispatch_or_hold", "drop", "grow",
     "idle_workers", "lock", "may_take_over", "ready_accounts", "reclaim", "redispatch", "renew", "reserve_more",
     "revive", "standing", "start_admitted", "unadmit", "undispatch", "usage_id",

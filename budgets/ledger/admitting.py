@@ -9,11 +9,12 @@ from django.utils import timezone
 
 from budgets import standing
 from budgets.ledger.reads import QUERIES, broker_window, usage_id
-from budgets.ledger.values import AdmittedAtOnce, Claimed
+from budgets.ledger.values import AdmittedAtOnce, Claimed, EnqueueCheck
 from budgets.models import Reservation, ReservationStatus
 from budgets.standing import Standing
 from scheduling import clock, db
 from scheduling.envelope import Envelope
+from scheduling.liveness import heard_since
 from scheduling.models import TaskRun
 from scheduling.services import task_run_start_params
 
@@ -22,13 +23,13 @@ from scheduling.services import task_run_start_params
 AT_ONCE_TRIES = 2
 
 
-def dispatch_or_hold(*, envelope: Envelope, queue: str, day: dt.date, workers_free: bool = True) -> bool | None:
-    """(none) -> DISPATCHED (True) or held (False) without the lock; None when the lock must decide."""
-    row = db.fetch_one(QUERIES["dispatch_or_hold"], {"workers_free": workers_free,
+def dispatch_or_hold(*, envelope: Envelope, queue: str, day: dt.date) -> EnqueueCheck:
+    """(none) -> DISPATCHED or held without the lock, or neither: the lock must decide."""
+    row = db.fetch_one(QUERIES["dispatch_or_hold"], {"live_since": heard_since(),
         "account_id": envelope.account, "queue": queue, "day": day, "job": envelope.job, "ref": envelope.ref,
         "priority": envelope.priority, "lease": standing.dispatch_lease_expiry(), "created_at": timezone.now(),
         "now": clock.now(), **broker_window()})
-    return None if row is None else row["slot_id"] is not None
+    return EnqueueCheck(row["decided"], row["slot_id"], row["workers_free"])
 
 
 def dispatch_many(*, envelopes: list[Envelope], queue: str, day: dt.date) -> list[int]:

@@ -43,16 +43,20 @@ SELECT b.cpu_seconds_per_day::bigint * 1000 AS cpu_limit_ms, b.max_concurrent, u
 -- The enqueue check's common case, no lock: the account has budget left today, a free slot on the
 -- queue, no slot of the job's own and no rate limit (a rate-limited account's starts are decided
 -- under the lock) (`a`). Then the job takes a dispatched slot (`d`) when nothing is in the
--- account's line, a worker is free to start it (%(workers_free)s: budgets.ledger.idle_workers) and
--- no job sent to the broker on the queue waits for a worker; otherwise it joins
--- the line (`h`): behind the account's held work, or, every worker being busy, to be taken by a
--- busy worker's loop in the fair order instead of waiting in the broker's first-in-first-out; its
+-- account's line, a worker is free to start it (`i`: fairshare_idle_workers, unless workers run no
+-- pulse, %(live_since)s NULL) and no job sent to the broker on the queue waits for a worker; otherwise
+-- it joins the line (`h`): behind the account's held work, or, every worker being busy, to be taken by
+-- a busy worker's loop in the fair order instead of waiting in the broker's first-in-first-out; its
 -- deferral counted on the day's usage row (`c`; without that row yet, the lock decides). Returns
--- the slot's id (NULL: held), no row when the lock must decide. Reads the account's Budget, usage
--- row, slots and Backlog row, and the queue's dispatched slots sent in the broker window.
-WITH a AS (
+-- `decided` (false: the lock must decide), the slot's id (NULL: held) and `workers_free` (for the
+-- lock's decision). Reads the account's Budget, usage row, slots and Backlog row, the queue's live
+-- heartbeats and slots in flight, and its dispatched slots sent in the broker window.
+WITH i AS (
+  SELECT %(live_since)s::timestamptz IS NULL
+         OR (SELECT idle FROM fairshare_idle_workers(%(queue)s, %(live_since)s::timestamptz)) > 0 AS workers_free),
+a AS (
   SELECT b.account_id, u.id AS usage_id, (SELECT in_line FROM fairshare_in_line(b.account_id, b.queue)) AS in_line,
-         (NOT %(workers_free)s
+         (NOT (SELECT workers_free FROM i)
           OR (SELECT waiting FROM fairshare_broker_waiting(%(queue)s, %(broker_since)s, %(broker_forgets)s))) AS busy
     FROM budgets_budget b
     LEFT JOIN budgets_usageday u ON u.account_id = b.account_id AND u.queue = b.queue AND u.day = %(day)s
@@ -79,7 +83,8 @@ h AS (
 c AS (
   UPDATE budgets_usageday SET deferrals = deferrals + 1
    WHERE id = (SELECT usage_id FROM a) AND EXISTS (SELECT 1 FROM h) RETURNING 1)
-SELECT (SELECT id FROM d) AS slot_id WHERE EXISTS (SELECT 1 FROM d) OR EXISTS (SELECT 1 FROM h);
+SELECT EXISTS (SELECT 1 FROM d) OR EXISTS (SELECT 1 FROM h) AS decided, (SELECT id FROM d) AS slot_id,
+       (SELECT workers_free FROM i) AS workers_free;
 
 -- name: admit_at_once
 -- DISPATCHED (its own) -> ACTIVE without taking the lock first (a job sent with a slot of its own,
@@ -286,18 +291,10 @@ SELECT cpu_charged_ms FROM s;
 SELECT waiting FROM fairshare_broker_waiting(%(queue)s, %(broker_since)s, %(broker_forgets)s);
 
 -- name: idle_workers
--- How many more jobs the queue's workers could start now (every enqueue, per job or per batch):
--- its running workers (heartbeats seen since %(live_since)s: scheduling.liveness.live_since) less
--- its slots taken (dispatched or active: not reclaimed). One round trip for the two counts. Reads
--- the queue's live heartbeats (index heartbeat_live: a dead or recycled worker's row, kept for days
--- until the prune, is never read) and the queue's slots in flight (index reservation_in_flight,
--- whose leading expression `NOT (status = 'reclaimed')` is written here as the index names it: the
--- slots of the other queue and those reclaimed are not read). Bounded by the workers and the slots
--- taken, never by history.
-SELECT GREATEST(0,
-         (SELECT count(*) FROM scheduling_workerheartbeat h WHERE h.queue = %(queue)s AND h.seen_at >= %(live_since)s)
-       - (SELECT count(*) FROM budgets_reservation r
-           WHERE (NOT (r.status = 'reclaimed')) AND r.queue = %(queue)s)) AS idle;
+-- How many more jobs the queue's workers could start now (an enqueue of a batch; a single enqueue asks
+-- it within `dispatch_or_hold`): fairshare_idle_workers (budgets migration 0016: the queue's live
+-- heartbeats less its slots taken, by index; bounded by the workers and the slots taken, never by history).
+SELECT idle FROM fairshare_idle_workers(%(queue)s, %(live_since)s);
 
 -- name: ready_accounts
 -- Accounts whose line on the queue could go now and that have a free slot, in fair order: fewest

@@ -40,6 +40,15 @@ class PassOn:
     lease_s: float
 
 
+class EnqueueCheck(NamedTuple):
+    """What `dispatch_or_hold` did: sent (`decided` and a slot), held (`decided`, no slot), or left it
+    to the lock (not `decided`); and whether a worker of the queue is free to start a job now."""
+
+    decided: bool
+    slot_id: int | None
+    workers_free: bool
+
+
 @dataclass(frozen=True)
 class AdmittedAtOnce:
     """What `admit_at_once` did: `slot_id` None when it admitted nothing (the lock decides)."""

@@ -97,16 +97,22 @@ def test_dispatch_redispatch_drop_and_undispatch(acme, day):
     assert list(Reservation.objects.values_list("ref", "status")) == [("c", S.DISPATCHED)]
 
 
-def test_dispatch_or_hold_sends_holds_in_line_or_leaves_it_to_the_lock(acme, day):
+def test_dispatch_or_hold_sends_holds_in_line_or_leaves_it_to_the_lock(acme, day, beating_workers):
     UsageDay.objects.create(account=acme, queue=QUEUE, day=day)
-    assert ledger.dispatch_or_hold(envelope=job(acme, "a"), queue=QUEUE, day=day) is True  # a slot, sent
+    sent = ledger.dispatch_or_hold(envelope=job(acme, "a"), queue=QUEUE, day=day)
+    assert sent == (True, Reservation.objects.get(ref="a", status=S.DISPATCHED).pk, True)  # a slot, sent
     holding.hold(envelope=job(acme, "held"), queue=QUEUE, reason=DeferReason.CONCURRENCY_CAP,
                  eligible_at=holding.clock.now())
-    assert ledger.dispatch_or_hold(envelope=job(acme, "b"), queue=QUEUE, day=day) is False  # behind its line
+    assert ledger.dispatch_or_hold(envelope=job(acme, "b"), queue=QUEUE, day=day) == (True, None, True)  # in line
     assert DeferredTask.objects.get(ref="b").reason == DeferReason.QUEUED_BEHIND
     assert usage(acme, day).deferrals == 1
     Budget.objects.filter(account=acme).update(rate_starts=5)
-    assert ledger.dispatch_or_hold(envelope=job(acme, "c"), queue=QUEUE, day=day) is None  # rate limit: the lock
+    assert ledger.dispatch_or_hold(envelope=job(acme, "c"), queue=QUEUE, day=day) == (False, None, True)  # the lock's
+    beating_workers(1)  # one worker, and the slot "a" takes it: none is free
+    assert ledger.dispatch_or_hold(envelope=job(acme, "d"), queue=QUEUE, day=day) == (False, None, False)
+    Budget.objects.filter(account=acme).update(rate_starts=None)
+    assert ledger.dispatch_or_hold(envelope=job(acme, "e"), queue=QUEUE, day=day) == (True, None, False)
+    assert DeferredTask.objects.get(ref="e").reason == DeferReason.QUEUED_BEHIND  # (its line's reason first)
 
 
 def test_activate_in_each_of_its_shapes(acme, day):

@@ -176,7 +176,7 @@ def test_each_question_about_held_work_reads_a_bounded_number_of_rows(holding_ar
         # new job joins the line behind it, while a job waits in the broker.
         "enqueue check": (QUERIES["dispatch_or_hold"], {**broker, "account_id": light.pk, "day": budget_clock.budget_day(),
                                                "job": "tests.noop", "ref": "new", "priority": 0, "lease": now,
-                                               "created_at": now, "now": now, "workers_free": True}),
+                                               "created_at": now, "now": now, "live_since": now}),
     }
     for name, (statement, params) in checks.items():
         # A claim reads the claimed rows ahead in its line too, and probes the slot of each expired
