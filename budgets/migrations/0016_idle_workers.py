@@ -1,6 +1,6 @@
 """How many more jobs a queue's workers could start now, as one SQL function for the two statements
-that ask it on every enqueue (budgets/ledger/queries.sql `idle_workers`, and `dispatch_or_hold`, which
-asks it in its own round trip), inlined by PostgreSQL as the rules of 0012_sql_rules are
+that ask it (budgets/ledger/queries.sql `dispatch_or_hold`, every enqueue, within its one statement;
+`idle_workers`, an enqueue of a batch), inlined by PostgreSQL as the rules of 0012_sql_rules are
 (tests/budgets/test_queries.py)."""
 from django.db import migrations
 
