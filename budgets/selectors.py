@@ -6,12 +6,19 @@ from dataclasses import dataclass
 from django.conf import settings
 from django.db import connection
 from django.db.models import Count, F, FilteredRelation, Q, QuerySet, Value
+from django.db.models.expressions import RawSQL
 from django.db.models.functions import Coalesce
 from django.utils import timezone
 
 from budgets import clock
 from budgets.models import Account, Budget, Reservation, ReservationStatus
 from scheduling.models import Backlog
+
+
+def among(ids) -> RawSQL:
+    """The right side of an `__in` for many account ids: one array parameter, not a placeholder per
+    id (for 10,000 ids psycopg spends about 0.3 s converting a statement's placeholders)."""
+    return RawSQL("SELECT unnest(%s::bigint[])", [sorted(ids)])
 
 
 def refs_in_flight(*, job: str, sent_since: dt.datetime) -> QuerySet[str]:
@@ -84,11 +91,11 @@ def budget_status(*, accounts: QuerySet[Account] | None = None, top: int | None 
                                "used", "reserved", "weight", "rate_starts", "rate_period_s"))
     ids = {row["account_id"] for row in rows}
     slots = Counter()
-    for account_id, queue, status, n in (Reservation.objects.filter(account_id__in=ids).values_list(
+    for account_id, queue, status, n in (Reservation.objects.filter(account_id__in=among(ids)).values_list(
             "account_id", "queue", "status").annotate(n=Count("pk")).order_by()):
         slots[(account_id, queue, status)] = n
     held = dict(((b["account_id"], b["queue"]), b["held"]) for b in
-                Backlog.objects.filter(account_id__in=ids).values("account_id", "queue", "held"))
+                Backlog.objects.filter(account_id__in=among(ids)).values("account_id", "queue", "held"))
     reset = clock.next_reset()
     starts = _window_starts(rows)
     return [BudgetStatus(

@@ -13,7 +13,7 @@ from django.db.models import Q
 
 from budgets import clock, standing
 from budgets.models import Account
-from budgets.selectors import BudgetStatus, budget_status
+from budgets.selectors import BudgetStatus, among, budget_status
 from budgets.standing import Standing
 from scheduling.gates import Wait
 from scheduling.models import ACCOUNT_WAITS_REASONS, NOT_BLOCKED, Backlog, DeferReason, Pause
@@ -45,11 +45,11 @@ def line_waits(*, lines: set[tuple[int, str]]) -> dict[tuple[int, str], Wait]:
         return {}
     now = clock.now()
     ids = {account_id for account_id, _ in lines}
-    accounts = Account.objects.filter(pk__in=ids)
+    accounts = Account.objects.filter(pk__in=among(ids))
     slug_ids = dict(accounts.values_list("slug", "pk"))
     backlog = {(a, q): (n, until, why) for a, q, n, until, why in Backlog.objects.filter(
-        account_id__in=ids).values_list("account_id", "queue", "in_line", "blocked_until", "blocked_reason")}
-    pauses = set(Pause.objects.filter(Q(account_id__in=ids) | Q(account__isnull=True)).values_list("account_id", "queue"))
+        account_id__in=among(ids)).values_list("account_id", "queue", "in_line", "blocked_until", "blocked_reason")}
+    pauses = set(Pause.objects.filter(Q(account_id__in=among(ids)) | Q(account__isnull=True)).values_list("account_id", "queue"))
     waits = {}
     for status in budget_status(accounts=accounts):
         line = (slug_ids[status.account], status.queue)
