@@ -9,7 +9,7 @@ from django.db import connection
 from django.utils import timezone
 
 from budgets import clock, ledger
-from budgets.ledger.reads import QUERIES
+from budgets.ledger.reads import QUERIES, broker_window
 from budgets.models import Reservation, ReservationStatus
 from scheduling.envelope import Envelope
 from scheduling.liveness import heard_since
@@ -125,3 +125,10 @@ def test_the_enqueue_checks_count_of_idle_workers_reads_the_live_workers_and_the
     for plan, read in (("custom", rows_read(QUERIES["idle_workers"], params, tables)),
                        ("generic", generic_rows_read(QUERIES["idle_workers"], params, tables))):
         assert read == {WorkerHeartbeat._meta.db_table: 3, Reservation._meta.db_table: 2}, (plan, read)
+    # Every single enqueue asks it within `dispatch_or_hold`: the same 3 heartbeats, whatever history.
+    check = {**params, **broker_window(), "account_id": account.pk, "day": clock.budget_day(),
+             "job": "tests.noop", "ref": "new", "priority": 0, "lease": now, "created_at": now, "now": now}
+    for plan, read in (("custom", rows_read(QUERIES["dispatch_or_hold"], check, tables)),
+                       ("generic", generic_rows_read(QUERIES["dispatch_or_hold"], check, tables))):
+        assert read[WorkerHeartbeat._meta.db_table] == 3, (plan, read)
+        assert read[Reservation._meta.db_table] < 10, (plan, read)  # not the account's 100,000 other slots
