@@ -2,6 +2,7 @@
 made recognisable to a later attempt (the manifest), and how files are handed to a downloader
 (a signed, single-use, expiring link to our own view, whatever the storage)."""
 import contextlib
+import glob
 import hashlib
 import io
 import json
@@ -93,22 +94,26 @@ class _NamedOnRequest(File):
 
     The file is given a name only when the storage asks for the path, inside its save just before
     the rename, so a save that fails or waits first (or a worker killed meanwhile) leaves nothing
-    named behind. Only a worker killed between the two system calls leaves a `.*.partial` file."""
+    named behind. A worker killed between the two system calls leaves a `.<name>.*.partial` file
+    beside the key, which the next publish of that key, or its deletion, removes (`_leftovers`)."""
 
-    def __init__(self, file: _UnnamedFile, name: str):
+    def __init__(self, file: _UnnamedFile, name: str, path: str):
         super().__init__(file, name=name)
+        self.path = path
         self._names: list[str] = []
 
     def temporary_file_path(self) -> str:
         self.file.flush()
-        name = f".{uuid4().hex}.partial"
-        directory = os.open(self.file.directory, os.O_RDONLY | os.O_DIRECTORY)
+        # The storage made the key's directory before asking: name the file there, beside the key.
+        directory, base = os.path.split(self.path)
+        name = f".{base}.{uuid4().hex}.partial"
+        fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
         try:
             # linkat(AT_SYMLINK_FOLLOW) of /proc/self/fd/N: how open(2) says to name an O_TMPFILE.
-            os.link(f"/proc/self/fd/{self.file.fileno()}", name, dst_dir_fd=directory, follow_symlinks=True)
+            os.link(f"/proc/self/fd/{self.file.fileno()}", name, dst_dir_fd=fd, follow_symlinks=True)
         finally:
-            os.close(directory)
-        self._names.append(os.path.join(self.file.directory, name))
+            os.close(fd)
+        self._names.append(os.path.join(directory, name))
         return self._names[-1]
 
     def remove_names(self) -> None:
@@ -118,9 +123,20 @@ class _NamedOnRequest(File):
                 os.remove(path)
 
 
+def _leftovers(storage, key: str) -> None:
+    """Remove what workers killed mid-rename left beside `key` (see `_NamedOnRequest`). A zombie
+    attempt's rename that loses its file here fails its save, and its completion is fenced anyway."""
+    if not isinstance(storage, FileSystemStorage):
+        return
+    directory, base = os.path.split(storage.path(key))
+    for path in glob.glob(os.path.join(glob.escape(directory), f".{glob.escape(base)}.*.partial")):
+        with contextlib.suppress(FileNotFoundError):
+            os.remove(path)
+
+
 def _save(storage, key: str, fileobj) -> None:
     if isinstance(fileobj, _UnnamedFile) and isinstance(storage, FileSystemStorage):
-        content = _NamedOnRequest(fileobj, name=key)
+        content = _NamedOnRequest(fileobj, name=key, path=storage.path(key))
     else:
         content = File(fileobj, name=key)
     try:
@@ -144,6 +160,7 @@ def publish(*, key: str, fileobj, manifest: Manifest, meter: Meter) -> None:
         storage.delete(manifest_key(key))
         _save(storage, key, fileobj)
         _save(storage, manifest_key(key), io.BytesIO(json.dumps(asdict(manifest)).encode()))
+        _leftovers(storage, key)
 
 
 def find_published(*, key: str, export_id: UUID, meter: Meter) -> Manifest | None:
@@ -177,6 +194,7 @@ def delete(*, key: str) -> None:
     storage = export_storage()
     storage.delete(manifest_key(key))
     storage.delete(key)
+    _leftovers(storage, key)
 
 
 def download_url(*, export_id: UUID, user_id: int) -> str:

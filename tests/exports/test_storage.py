@@ -2,6 +2,9 @@
 `storage.save`; either way the object, then its manifest, and nothing else left behind."""
 import hashlib
 import os
+import signal
+import subprocess
+import sys
 import uuid
 
 import pytest
@@ -48,6 +51,51 @@ def test_local_publish_replaces_an_earlier_object(export_root):
     assert stored_files(export_root) == [key, key + ".manifest.json"]
     assert (export_root / key).read_bytes() == BODY
     assert storage.find_published(key=key, export_id=export_id, meter=Meter()) is not None
+
+
+# A worker SIGKILLed in the one window the rename leaves: the staging file is named, not yet moved.
+KILLED_MID_RENAME = """
+import os, signal, sys, uuid
+import django
+django.setup()
+from tests.exports import test_storage
+from exports import storage
+
+def rename(old, new):
+    if old.endswith(".partial"):
+        os.kill(os.getpid(), signal.SIGKILL)
+    return RENAME(old, new)
+
+RENAME, os.rename = os.rename, rename
+with storage.staging_file() as tmp:
+    test_storage._publish(tmp, uuid.UUID(sys.argv[1]))
+"""
+
+
+def _killed_mid_rename(export_id: uuid.UUID, export_root) -> None:
+    env = {**os.environ, "FAIRSHARE_EXPORTS_ROOT": str(export_root)}
+    done = subprocess.run([sys.executable, "-c", KILLED_MID_RENAME, str(export_id)], env=env, timeout=60)
+    assert done.returncode == -signal.SIGKILL
+
+
+def test_what_a_worker_killed_mid_rename_leaves_goes_with_the_next_publish_or_the_delete(export_root):
+    export_id = uuid.uuid4()
+    key = storage.object_key(account_id=7, export_id=export_id)
+    _killed_mid_rename(export_id, export_root)
+    [leftover] = stored_files(export_root)
+    assert leftover.startswith(os.path.dirname(key) + "/." + os.path.basename(key) + ".")  # beside its key
+    assert leftover.endswith(".partial")
+    _killed_mid_rename(uuid.uuid4(), export_root)  # another export's, not this one's to remove
+
+    with storage.staging_file() as tmp:
+        _publish(tmp, export_id)  # the retry
+    assert len(stored_files(export_root)) == 3
+    assert set(stored_files(export_root)) >= {key, key + ".manifest.json"}
+
+    [other] = set(stored_files(export_root)) - {key, key + ".manifest.json"}
+    _killed_mid_rename(export_id, export_root)  # and a zombie's, after the export succeeded
+    storage.delete(key=key)  # the purge
+    assert stored_files(export_root) == [other]
 
 
 def test_a_build_abandoned_or_failing_to_publish_leaves_nothing_in_storage(export_root, settings, tmp_path, monkeypatch):
