@@ -3,7 +3,7 @@
 
     .venv/bin/python bench/usage_log.py                      # chain 2,000 jobs x 3 rounds; replay 1,000,000 events
     .venv/bin/python bench/usage_log.py --jobs 1000 --rounds 2 --events 200000
-    .venv/bin/python bench/usage_log.py --skip-chain         # the triggers and the replay only
+    .venv/bin/python bench/usage_log.py --skip-chain         # the settlement alone and the replay
 
 1. The chain, as bench/peers.py measures it (its `measure`: a fresh database per system and round,
    N no-op jobs enqueued, then two workers drain them; jobs/s, machine CPU and the CPU of the
@@ -13,11 +13,12 @@
    The relay's lag (events in the outbox, age of the oldest) is sampled every 10th poll; its
    maximum over the drain says whether the relay keeps up. Goal: events on costs <= 10% of jobs/s
    and of CPU per job.
-2. The triggers alone: S settlements (a slot activated, then charged: budgets.ledger, one process,
-   one connection) with the session's `fairshare_usage.events` on and off, alternating three
-   times; the CPU of the connection's PostgreSQL backend (/proc/<pid>/stat) and of this process per
-   settlement: what the outbox adds to a settlement, without the chain's processes around it.
-3. Replay: N events (default 1,000,000, shaped as the triggers write them, 50 accounts, 2 queues,
+2. The settlement alone: C cycles of S settlements each way (a slot activated, then charged:
+   budgets.ledger, one process, one connection) with the session's `fairshare_usage.events` off
+   and on, alternating; each charge's PostgreSQL backend CPU timed on its own
+   (/proc/<pid>/schedstat, ns): quartiles, what the event adds to a settlement without the chain's
+   processes around it.
+3. Replay: N events (default 1,000,000, shaped as the relay publishes them, 50 accounts, 2 queues,
    7 days) published to a stream of a private nats-server, then `usage.replay.read_stream` +
    `rebuild` (what `usage_replay` does) times reading them back and summing them: events/s.
 
@@ -33,6 +34,7 @@ import json
 import os
 import shutil
 import socket
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -144,7 +146,7 @@ def bench_chain(args, url: str, log_dir: Path) -> dict:
     return {"systems": summary, "rounds": rounds, "ratios_on_over_off": ratios}
 
 
-def bench_triggers(args) -> dict:
+def bench_settlement(args) -> dict:
     from django.db import connection, transaction
 
     from budgets import clock, ledger
@@ -161,8 +163,16 @@ def bench_triggers(args) -> dict:
     day = clock.budget_day()
     UsageDay.objects.get_or_create(account=account, queue="default", day=day)
     meter = Meter(cpu_ms=1, wall_ms=2)
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT pg_backend_pid()")
+        schedstat = Path(f"/proc/{cursor.fetchone()[0]}/schedstat")
 
-    def settle_one(i: int) -> None:
+    def on_cpu_ns() -> int:
+        """The backend's time on a CPU, in ns (not /proc/<pid>/stat's 10 ms ticks)."""
+        return int(schedstat.read_text().split()[0])
+
+    def settle_one(i: int) -> int:
+        """A slot activated, then charged; the charge's (the settlement's) backend CPU in ns."""
         ref = f"t{i}"
         run = task_run_new(job="scheduling.noop", queue="default", account_id=account.pk, ref=ref)
         with transaction.atomic():
@@ -170,33 +180,26 @@ def bench_triggers(args) -> dict:
             state = ledger.standing(account_id=account.pk, queue="default", day=day)
             slot = ledger.activate(envelope=Envelope(job="scheduling.noop", account=account.pk, ref=ref),
                                    queue="default", state=state, day=day, own=None, reserve_ms=10, run=run, worker="b")
+        before = on_cpu_ns()
         ledger.charge(slot_id=slot, account_id=account.pk, queue="default", meter=meter, cap_hit=False,
                       end=RunEnd(meter=meter, outcome=Outcome.SUCCEEDED), now=holding.clock.now())
-
-    with connection.cursor() as cursor:
-        cursor.execute("SELECT pg_backend_pid()")
-        backend = cursor.fetchone()[0]
-
-    def backend_s() -> float:
-        fields = Path(f"/proc/{backend}/stat").read_text().rsplit(")", 1)[1].split()
-        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+        return on_cpu_ns() - before
 
     per = {"off": [], "on": []}
     i = 0
-    for _ in range(args.settlements // 10):  # warm-up: plans, PL/pgSQL compiled
+    for _ in range(20):  # warm-up: plans made
         settle_one(i := i + 1)
-    for mode in ("off", "on") * 3:
-        with connection.cursor() as cursor:
-            cursor.execute(f"SET {EVENTS_GUC} = %s", ["1" if mode == "on" else "0"])
-        b0, c0 = backend_s(), time.process_time()
-        for _ in range(args.settlements):
-            settle_one(i := i + 1)
-        per[mode].append(((backend_s() - b0) * 1e6 / args.settlements, (time.process_time() - c0) * 1e6 / args.settlements))
-        h.log(f"triggers {mode}: backend {per[mode][-1][0]:.0f} us, client {per[mode][-1][1]:.0f} us per settlement")
-    return {"settlements": args.settlements,
-            "backend_us_per_settlement": {m: h.median([b for b, _ in v]) for m, v in per.items()},
-            "client_us_per_settlement": {m: h.median([c for _, c in v]) for m, v in per.items()},
-            "rounds": per, "loadavg_1m_end": os.getloadavg()[0]}
+    # Short alternating cycles, each settlement timed on its own: the medians hold where the load moves.
+    for _ in range(args.cycles):
+        for mode in ("off", "on"):
+            with connection.cursor() as cursor:
+                cursor.execute(f"SET {EVENTS_GUC} = %s", ["1" if mode == "on" else "0"])
+                cursor.execute("DELETE FROM usage_usageevent")
+            per[mode].extend(settle_one(i := i + 1) for _ in range(args.settlements))
+    quartiles = {m: [round(q / 1000) for q in statistics.quantiles(v, n=4)] for m, v in per.items()}
+    h.log(f"settlement: backend CPU quartiles off {quartiles['off']} us, on {quartiles['on']} us")
+    return {"settlements_per_mode": len(per["on"]), "cycles": args.cycles,
+            "backend_us_quartiles": quartiles, "loadavg_1m_end": os.getloadavg()[0]}
 
 
 def fake_event(i: int) -> tuple[str, bytes, str]:
@@ -266,14 +269,15 @@ def main(argv=None) -> int:
     p.add_argument("--rounds", type=int, default=3, help="rounds, events off and on in each (default 3)")
     p.add_argument("--events", type=int, default=1_000_000, help="events the replay reads back (default 1,000,000)")
     p.add_argument("--timeout", type=float, default=600, help="seconds a drain may take before the run fails")
-    p.add_argument("--settlements", type=int, default=1500, help="settlements per triggers round (default 1500)")
-    p.add_argument("--skip-chain", action="store_true", help="the triggers and the replay only")
-    p.add_argument("--skip-triggers", action="store_true")
+    p.add_argument("--settlements", type=int, default=300, help="settlements per cycle and way (default 300)")
+    p.add_argument("--cycles", type=int, default=10, help="cycles of the settlement alone (default 10)")
+    p.add_argument("--skip-chain", action="store_true", help="the settlement alone and the replay only")
+    p.add_argument("--skip-settlement", action="store_true")
     p.add_argument("--skip-replay", action="store_true", help="the chain only")
     p.add_argument("--json", type=Path, default=h.RESULTS_DIR / "usage_log.json")
     args = p.parse_args(argv)
-    # Django on a database of its own (the triggers' part writes there); the chain's rounds make theirs.
-    h.prepare(f"{DB_PREFIX}_triggers", fresh=True, drop=True, test_jobs=False)
+    # Django on a database of its own (the settlement's part writes there); the chain's rounds make theirs.
+    h.prepare(f"{DB_PREFIX}_settlement", fresh=True, drop=True, test_jobs=False)
     info = h.machine_info(peers.server_url("postgres"))
     store = Path(tempfile.mkdtemp(prefix="fairshare-bench-nats-"))
     h.at_exit(lambda: shutil.rmtree(store, ignore_errors=True))
@@ -285,8 +289,8 @@ def main(argv=None) -> int:
                "parameters": {"jobs": args.jobs, "rounds": args.rounds, "events": args.events}}
     if not args.skip_chain:
         results["chain"] = bench_chain(args, url, log_dir)
-    if not args.skip_triggers:
-        results["triggers"] = bench_triggers(args)
+    if not args.skip_settlement:
+        results["settlement"] = bench_settlement(args)
     if not args.skip_replay:
         results["replay"] = bench_replay(args, url)
     info["loadavg_end"] = list(os.getloadavg())
@@ -310,10 +314,11 @@ def main(argv=None) -> int:
         print(f"{'PASS' if r['jobs_per_s'] >= 0.9 else 'MISS'}  events on keep >= 0.90x jobs/s")
         print(f"{'PASS' if r['own_cpu_s_per_1000'] <= 1.1 else 'MISS'}  events on cost <= 1.10x CPU per job "
               "(its processes')")
-    if "triggers" in results:
-        b, c = results["triggers"]["backend_us_per_settlement"], results["triggers"]["client_us_per_settlement"]
-        print(f"\ntriggers: a settlement's PostgreSQL backend CPU {b['off']:.0f} us off, {b['on']:.0f} us on "
-              f"(+{b['on'] - b['off']:.0f} us); this process {c['off']:.0f} / {c['on']:.0f} us (medians of 3)")
+    if "settlement" in results:
+        q = results["settlement"]["backend_us_quartiles"]
+        print(f"\nsettlement: its PostgreSQL backend's CPU, quartiles of {results['settlement']['settlements_per_mode']:,}"
+              f" each way: off {' / '.join(map(str, q['off']))} us, on {' / '.join(map(str, q['on']))} us "
+              f"(median +{q['on'][1] - q['off'][1]} us)")
     if "replay" in results:
         x = results["replay"]
         print(f"\nreplay: {x['events']:,} events read back and summed in {x['replay_s']:.1f} s = "

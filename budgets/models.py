@@ -170,8 +170,8 @@ class Reservation(models.Model):
     worker = models.CharField(max_length=100, blank=True)
     status = models.CharField(max_length=20, choices=ReservationStatus.choices, default=ReservationStatus.ACTIVE)
     cpu_reserved_ms = models.BigIntegerField(default=0)
-    cpu_reported_ms = models.BigIntegerField(default=0, help_text="CPU the run had used when it last renewed its lease")
-    cpu_charged_ms = models.BigIntegerField(default=0, help_text="CPU already charged by a reclaim")
+    cpu_reported_ms = models.BigIntegerField(default=0, db_default=0, help_text="CPU the run had used when it last renewed its lease")
+    cpu_charged_ms = models.BigIntegerField(default=0, db_default=0, help_text="CPU already charged by a reclaim")
     # What the runs this slot was passed on from measured and its day's usage row has not been
     # charged yet (budgets.ledger, "carried charges"): their CPU is still in the day's reserved CPU,
     # so the cap counts it. Whoever ends the slot (its settlement, reclaim or undone admission)

@@ -31,7 +31,7 @@ def databases(*, var_dir: Path, timeouts: dict[str, int]) -> dict:
     statements): anything else is refused here, before any command runs, rather than failing later
     in the first query. Every connection (web, workers, an export's COPY reader, management
     commands) gets the session `timeouts` and, in a process that has FAIRSHARE_USAGE_NATS_URL, the
-    session setting on which the usage log's triggers write events (docs/usage-log.md): without it
+    session setting on which the usage log's events are written (docs/usage-log.md): without it
     nothing is written and no outbox grows."""
     url = env.DATABASE_URL.read()
     default = dj_database_url.parse(url, conn_max_age=env.DB_CONN_MAX_AGE.read(), conn_health_checks=True) if url else {}

@@ -31,6 +31,6 @@ SETTINGS = (
             doc="/healthz reports the relay behind when the oldest unpublished event is older than this"),
 )
 
-# The session setting the triggers read: "1" on the connections of a process with USAGE_NATS_URL
+# The session setting on which events are written (the settlement, the triggers): "1" on the connections of a process with USAGE_NATS_URL
 # (config/settings.py adds it to the connection's options).
 EVENTS_GUC = "fairshare_usage.events"

@@ -26,18 +26,24 @@ RELAY_LOCK = 0x75736167  # "usag"
 QUERIES = db.load_queries(Path(__file__).with_name("queries.sql"))
 
 
+def oldest(batch: int | None = None) -> list[tuple[int, OutgoingEvent]]:
+    """The oldest committed outbox rows, by id, each with its event as the log keeps it."""
+    with connection.cursor() as cursor:
+        cursor.execute(QUERIES["oldest"], {"batch": batch or settings.FAIRSHARE["USAGE_RELAY_BATCH"]})
+        return [(row_id, OutgoingEvent(event_id, subject, body.encode()))
+                for row_id, event_id, subject, body in cursor.fetchall()]
+
+
 def relay_once(sink: Sink, *, batch: int | None = None) -> int:
     """Publish the oldest committed outbox rows and delete them; returns how many. Raises
     SinkUnavailable (nothing deleted) when the log did not take them."""
-    with connection.cursor() as cursor:
-        cursor.execute(QUERIES["oldest"], {"batch": batch or settings.FAIRSHARE["USAGE_RELAY_BATCH"]})
-        rows = cursor.fetchall()
+    rows = oldest(batch)
     if not rows:
         return 0
-    sink.publish([OutgoingEvent(event_id, subject, body.encode()) for _, event_id, subject, body in rows])
+    sink.publish([event for _, event in rows])
     fault_point("usage_after_publish")
     with connection.cursor() as cursor:
-        cursor.execute(QUERIES["delete"], {"ids": [row[0] for row in rows]})
+        cursor.execute(QUERIES["delete"], {"ids": [row_id for row_id, _ in rows]})
     return len(rows)
 
 

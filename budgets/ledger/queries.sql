@@ -119,10 +119,8 @@ u AS (
      AND fairshare_unreserved(s.cpu_seconds_per_day, day_usage.cpu_used_ms, day_usage.cpu_reserved_ms) >= %(reserve_ms)s
   RETURNING day_usage.id),
 t AS (
-  INSERT INTO scheduling_taskrun (account_id, job, queue, ref, worker, started_at, outcome, cpu_ms, wall_ms,
-                                  db_wait_ms, storage_wait_ms, items, peak_rss_kb, error_class, error_message)
-  SELECT %(run_account_id)s, %(run_job)s, %(run_queue)s, %(run_ref)s, %(run_worker)s, %(run_started_at)s,
-         'running', 0, 0, 0, 0, 0, 0, '', ''
+  INSERT INTO scheduling_taskrun (account_id, job, queue, ref, worker, started_at)
+  SELECT %(run_account_id)s, %(run_job)s, %(run_queue)s, %(run_ref)s, %(run_worker)s, %(run_started_at)s
     FROM u RETURNING id),
 k AS (
   UPDATE budgets_reservation SET status = 'active', day = %(day)s, worker = %(worker)s, cpu_reserved_ms = %(reserve_ms)s,
@@ -139,10 +137,8 @@ SELECT EXISTS (SELECT 1 FROM b) AS fresh, (SELECT id FROM k) AS slot_id, (SELECT
 -- (`n`). The clauses not asked for are one-time filters of the plan. Rows by key.
 WITH u AS (UPDATE budgets_usageday SET cpu_reserved_ms = cpu_reserved_ms + %(reserve_ms)s WHERE id = %(usage_id)s),
 t AS (
-  INSERT INTO scheduling_taskrun (account_id, job, queue, ref, worker, started_at, outcome, cpu_ms, wall_ms,
-                                  db_wait_ms, storage_wait_ms, items, peak_rss_kb, error_class, error_message)
-  SELECT %(run_account_id)s, %(run_job)s, %(run_queue)s, %(run_ref)s, %(run_worker)s, %(run_started_at)s,
-         'running', 0, 0, 0, 0, 0, 0, '', ''
+  INSERT INTO scheduling_taskrun (account_id, job, queue, ref, worker, started_at)
+  SELECT %(run_account_id)s, %(run_job)s, %(run_queue)s, %(run_ref)s, %(run_worker)s, %(run_started_at)s
    WHERE %(insert_run)s
   RETURNING id),
 o AS (
@@ -176,9 +172,8 @@ WITH c AS (
                  AND (SELECT waiting FROM fairshare_broker_waiting(%(queue)s, %(broker_since)s, %(broker_forgets)s))))
   RETURNING job, ref, priority),
 t AS (
-  INSERT INTO scheduling_taskrun (account_id, job, queue, ref, worker, started_at, outcome, cpu_ms, wall_ms,
-                                  db_wait_ms, storage_wait_ms, items, peak_rss_kb, error_class, error_message)
-  SELECT %(account_id)s, c.job, %(queue)s, c.ref, %(worker)s, %(run_started_at)s, 'running', 0, 0, 0, 0, 0, 0, '', ''
+  INSERT INTO scheduling_taskrun (account_id, job, queue, ref, worker, started_at)
+  SELECT %(account_id)s, c.job, %(queue)s, c.ref, %(worker)s, %(run_started_at)s
     FROM c
   RETURNING id),
 u AS (
@@ -317,20 +312,22 @@ SELECT c.account_id, c.taken::float / c.weight AS share FROM (
 -- ACTIVE (or DISPATCHED, RECLAIMED) -> (none), no lock (it only frees): the slot deleted (`r`,
 -- exactly once: no row, nothing charged), its figures charged to its day (`c`: its CPU less what a
 -- reclaim charged, its reservation given back, its waits, the run counted if it ran, what the slot
--- carried), its run's end recorded (`t`). With %(pass_on)s the slot passes on, in the same
--- statement, to the first job of the account's line (`h`, fairshare_first_claimable as in `claim`)
--- when the run is of today, reserved from the day, left at least half a step, and
--- fairshare_may_pass_on lets it: its slot inserted ACTIVE (`n`) with what the run left of its
--- reservation (at most a step), its run recorded (`s`); `c` gives back only the rest. Carried
--- charges (`k`): a pass-on whose run gives nothing back and hit no cap charges nothing; the new
--- slot carries the run's figures on, with what the old one carried, for at most CHARGE_CARRY_S from
--- the first; their CPU stays reserved until the slot's end charges it, so used + reserved CPU (and
--- a cap) stay exact, and the pass-on writes no row its account's other workers write too. Slots
--- taken and running, and used + reserved CPU, never grow. What the settling worker asks next (its
--- line, any line, another account's turn) is read only when the slot was not passed on (AND stops
--- at its first false). Reads the slot and usage row by key, Backlog (by key; index backlog_ready);
--- passing on, the first unclaimed rows of the line (index deferred_line) and the queue's slots in
--- the broker window.
+-- carried), its run's end recorded (`t`), and, where the usage log is on (the session's
+-- fairshare_usage.events: usage_events_on()), its `run.settled` event written to the log's outbox
+-- with the run's charge (`e`: figures only, which the relay renders, docs/usage-log.md). With
+-- %(pass_on)s the slot passes on, in the same statement, to the first job of the account's line
+-- (`h`, fairshare_first_claimable as in `claim`) when the run is of today, reserved from the day,
+-- left at least half a step, and fairshare_may_pass_on lets it: its slot inserted ACTIVE (`n`) with
+-- what the run left of its reservation (at most a step), its run recorded (`s`); `c` gives back
+-- only the rest. Carried charges (`k`): a pass-on whose run gives nothing back and hit no cap
+-- charges nothing; the new slot carries the run's figures on, with what the old one carried, for at
+-- most CHARGE_CARRY_S from the first; their CPU stays reserved until the slot's end charges it, so
+-- used + reserved CPU (and a cap) stay exact, and the pass-on writes no row its account's other
+-- workers write too. Slots taken and running, and used + reserved CPU, never grow. What the
+-- settling worker asks next (its line, any line, another account's turn) is read only when the slot
+-- was not passed on (AND stops at its first false). Reads the slot and usage row by key, Backlog
+-- (by key; index backlog_ready); passing on, the first unclaimed rows of the line (index
+-- deferred_line) and the queue's slots in the broker window.
 WITH r AS (
   DELETE FROM budgets_reservation WHERE id = %(slot_id)s
   RETURNING *, (status = 'active')::int AS ran, cpu_reserved_ms - %(cpu_ms)s AS left_ms),
@@ -366,19 +363,23 @@ t AS (
          storage_wait_ms = %(storage_wait_ms)s, peak_rss_kb = %(peak_rss_kb)s,
          outcome = COALESCE(%(outcome)s, outcome), items = COALESCE(%(items)s, items),
          error_class = COALESCE(%(error_class)s, error_class), error_message = COALESCE(%(error_message)s, error_message)
-   WHERE id = (SELECT task_run_id FROM r)),
+   WHERE id = (SELECT task_run_id FROM r)
+  RETURNING *),
+e AS (
+  INSERT INTO usage_usageevent (kind, account_id, queue, day, charged_runs, charged_cpu_ms, run_id, job, ref, outcome,
+                                started_at, finished_at, cpu_ms, wall_ms, db_wait_ms, storage_wait_ms, items)
+  SELECT 'settled', r.account_id, r.queue, r.day, r.ran, GREATEST(t.cpu_ms - r.cpu_charged_ms, 0), t.id, t.job, t.ref,
+         t.outcome, t.started_at, t.finished_at, t.cpu_ms, t.wall_ms, t.db_wait_ms, t.storage_wait_ms, t.items
+    FROM r, t WHERE usage_events_on()),
 s AS (
-  INSERT INTO scheduling_taskrun (account_id, job, queue, ref, worker, started_at, outcome, cpu_ms, wall_ms,
-                                  db_wait_ms, storage_wait_ms, items, peak_rss_kb, error_class, error_message)
-  SELECT %(account_id)s, h.job, %(queue)s, h.ref, %(worker)s, %(run_started_at)s, 'running', 0, 0, 0, 0, 0, 0, '', ''
-    FROM h RETURNING id),
+  INSERT INTO scheduling_taskrun (account_id, job, queue, ref, worker, started_at)
+  SELECT %(account_id)s, h.job, %(queue)s, h.ref, %(worker)s, %(run_started_at)s FROM h RETURNING id),
 n AS (
   INSERT INTO budgets_reservation (account_id, queue, day, job, ref, status, lease_expires_at, created_at, worker,
-                                   cpu_reserved_ms, cpu_reported_ms, cpu_charged_ms, task_run_id, carried_runs,
-                                   carried_cpu_ms, carried_wall_ms, carried_db_wait_ms, carried_storage_wait_ms,
-                                   carried_since)
+                                   cpu_reserved_ms, task_run_id, carried_runs, carried_cpu_ms, carried_wall_ms,
+                                   carried_db_wait_ms, carried_storage_wait_ms, carried_since)
   SELECT %(account_id)s, %(queue)s, r.day, h.job, h.ref, 'active', %(slot_lease)s, %(created_at)s, %(worker)s,
-         LEAST(r.left_ms, %(step_ms)s), 0, 0, (SELECT id FROM s),
+         LEAST(r.left_ms, %(step_ms)s), (SELECT id FROM s),
          k.carry * (r.carried_runs + 1), k.carry * (r.carried_cpu_ms + %(cpu_ms)s),
          k.carry * (r.carried_wall_ms + %(wall_ms)s), k.carry * (r.carried_db_wait_ms + %(db_wait_ms)s),
          k.carry * (r.carried_storage_wait_ms + %(storage_wait_ms)s),

@@ -45,22 +45,22 @@ class TaskRun(models.Model):
     worker = models.CharField(max_length=100, blank=True, help_text="host:pid of the worker process that ran it")
     started_at = models.DateTimeField(db_index=True, verbose_name="started")
     finished_at = models.DateTimeField(null=True, blank=True, verbose_name="finished")
-    outcome = models.CharField(max_length=20, choices=Outcome.choices, default=Outcome.RUNNING,
+    outcome = models.CharField(max_length=20, choices=Outcome.choices, default=Outcome.RUNNING, db_default=Outcome.RUNNING,
         help_text="How the run ended. Budget exhausted: its account's daily CPU budget ran out during the run, "
                   "which stopped cleanly; its job waits in the holding area for the next budget day")
-    cpu_ms = models.PositiveIntegerField(default=0, verbose_name="CPU time (ms)",
+    cpu_ms = models.PositiveIntegerField(default=0, db_default=0, verbose_name="CPU time (ms)",
         help_text="Process CPU time the run used: what its account's daily CPU budget is charged")
-    wall_ms = models.PositiveIntegerField(default=0, verbose_name="wall time (ms)",
+    wall_ms = models.PositiveIntegerField(default=0, db_default=0, verbose_name="wall time (ms)",
         help_text="From start to finish, by the clock")
-    db_wait_ms = models.PositiveIntegerField(default=0, verbose_name="database wait (ms)",
+    db_wait_ms = models.PositiveIntegerField(default=0, db_default=0, verbose_name="database wait (ms)",
         help_text="Time spent waiting for the database")
-    storage_wait_ms = models.PositiveIntegerField(default=0, verbose_name="storage wait (ms)",
+    storage_wait_ms = models.PositiveIntegerField(default=0, db_default=0, verbose_name="storage wait (ms)",
         help_text="Time spent waiting for object storage")
-    items = models.PositiveBigIntegerField(default=0, help_text="What the job counted as done (an export's rows)")
-    peak_rss_kb = models.PositiveIntegerField(default=0, verbose_name="peak memory (KB)",
+    items = models.PositiveBigIntegerField(default=0, db_default=0, help_text="What the job counted as done (an export's rows)")
+    peak_rss_kb = models.PositiveIntegerField(default=0, db_default=0, verbose_name="peak memory (KB)",
         help_text="The worker process's peak resident memory after the run")
-    error_class = models.CharField(max_length=200, blank=True)
-    error_message = models.TextField(blank=True, verbose_name="error", help_text="Redacted before it is stored")
+    error_class = models.CharField(max_length=200, blank=True, db_default="")
+    error_message = models.TextField(blank=True, db_default="", verbose_name="error", help_text="Redacted before it is stored")
 
     class Meta:
         ordering = ["-started_at"]

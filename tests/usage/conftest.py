@@ -19,7 +19,7 @@ from usage.conf import EVENTS_GUC
 
 @pytest.fixture
 def usage_on(settings):
-    """The triggers write events on this test's connection (as on a process with
+    """Events are written on this test's connection (as on a process with
     FAIRSHARE_USAGE_NATS_URL; in a django_db test the SET ends with its transaction)."""
     with connection.cursor() as cursor:
         cursor.execute(f"SET {EVENTS_GUC} = '1'")
