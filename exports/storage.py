@@ -2,7 +2,6 @@
 made recognisable to a later attempt (the manifest), and how files are handed to a downloader
 (a signed, single-use, expiring link to our own view, whatever the storage)."""
 import contextlib
-import glob
 import hashlib
 import io
 import json
@@ -11,7 +10,7 @@ import tempfile
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass
 from typing import BinaryIO
-from uuid import UUID, uuid4
+from uuid import UUID
 
 from django.conf import settings
 from django.core import signing
@@ -94,7 +93,7 @@ class _NamedOnRequest(File):
 
     The file is given a name only when the storage asks for the path, inside its save just before
     the rename, so a save that fails or waits first (or a worker killed meanwhile) leaves nothing
-    named behind. A worker killed between the two system calls leaves a `.<name>.*.partial` file
+    named behind. A worker killed between the two system calls leaves a `.<name>.partial` file
     beside the key, which the next publish of that key, or its deletion, removes (`_leftovers`)."""
 
     def __init__(self, file: _UnnamedFile, name: str, path: str):
@@ -105,12 +104,15 @@ class _NamedOnRequest(File):
     def temporary_file_path(self) -> str:
         self.file.flush()
         # The storage made the key's directory before asking: name the file there, beside the key.
-        directory, base = os.path.split(self.path)
-        name = f".{base}.{uuid4().hex}.partial"
+        directory, name = os.path.split(_partial(self.path))
         fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
         try:
             # linkat(AT_SYMLINK_FOLLOW) of /proc/self/fd/N: how open(2) says to name an O_TMPFILE.
-            os.link(f"/proc/self/fd/{self.file.fileno()}", name, dst_dir_fd=fd, follow_symlinks=True)
+            try:
+                os.link(f"/proc/self/fd/{self.file.fileno()}", name, dst_dir_fd=fd, follow_symlinks=True)
+            except FileExistsError:  # a killed attempt's
+                os.remove(name, dir_fd=fd)
+                os.link(f"/proc/self/fd/{self.file.fileno()}", name, dst_dir_fd=fd, follow_symlinks=True)
         finally:
             os.close(fd)
         self._names.append(os.path.join(directory, name))
@@ -123,15 +125,19 @@ class _NamedOnRequest(File):
                 os.remove(path)
 
 
+def _partial(path: str) -> str:
+    """The one name an attempt gives its file before the rename to `path`: one per key, so that
+    what a killed attempt left is found without listing the directory."""
+    directory, base = os.path.split(path)
+    return os.path.join(directory, f".{base}.partial")
+
+
 def _leftovers(storage, key: str) -> None:
-    """Remove what workers killed mid-rename left beside `key` (see `_NamedOnRequest`). A zombie
+    """Remove what a worker killed mid-rename left beside `key` (see `_NamedOnRequest`). A zombie
     attempt's rename that loses its file here fails its save, and its completion is fenced anyway."""
-    if not isinstance(storage, FileSystemStorage):
-        return
-    directory, base = os.path.split(storage.path(key))
-    for path in glob.glob(os.path.join(glob.escape(directory), f".{glob.escape(base)}.*.partial")):
+    if isinstance(storage, FileSystemStorage):
         with contextlib.suppress(FileNotFoundError):
-            os.remove(path)
+            os.remove(_partial(storage.path(key)))
 
 
 def _save(storage, key: str, fileobj) -> None:
