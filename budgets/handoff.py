@@ -14,7 +14,6 @@ from budgets.ledger import Claimed
 from budgets.locks import locked_standing
 from budgets.standing import Standing
 from scheduling import holding
-from scheduling.envelope import Envelope
 from scheduling.models import ACCOUNT_WAITS_REASONS
 from scheduling.registry import get_job
 
@@ -34,9 +33,8 @@ def release(*, account_id: int, queue: str, state: Standing, day: dt.date, limit
         return 0
     if not for_idle_worker and ledger.broker_waiting(queue=queue):
         return 0
-    released = holding.release_first(account_id=account_id, queue=queue, limit=n, may_take_over=ledger.may_take_over())
-    ledger.dispatch_many(envelopes=[Envelope(job=held.job, account=account_id, ref=held.ref, priority=held.priority)
-                                      for held in released], queue=queue, day=day)
+    released = ledger.release(account_id=account_id, queue=queue, day=day, limit=n)
+    holding.send_on_commit_all(released)
     return len(released)
 
 

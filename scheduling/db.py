@@ -155,8 +155,15 @@ def _execute(statement: str, params: Mapping[str, Any], read: Callable[[CursorWr
 def fetch_one(statement: str, params: Mapping[str, Any]) -> dict[str, Any] | None:
     """Run one of Fairshare's own statements (prepared: `cursor`), and what `send_along` queued after
     it; its first row by column name."""
-    def read(c: CursorWrapper) -> dict[str, Any] | None:
-        row = c.fetchone()
-        return None if row is None else dict(zip([column.name for column in c.description], row))
+    return next(iter(fetch_all(statement, params)), None)
+
+
+def fetch_all(statement: str, params: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """`fetch_one`, every row."""
+    def read(c: CursorWrapper) -> list[dict[str, Any]]:
+        if c.description is None:  # no result set
+            return []
+        names = [column.name for column in c.description]
+        return [dict(zip(names, row)) for row in c.fetchall()]
 
     return _execute(statement, params, read)

@@ -190,21 +190,6 @@ def unclaim(*, job: str, ref: str, worker: str) -> int:
     return DeferredTask.objects.filter(job=job, ref=ref, claimed_by=worker).update(claimed_by="", claim_expires_at=None)
 
 
-def release_first(*, account_id: int, queue: str, limit: int, may_take_over: Q | None = None) -> list[DeferredTask]:
-    """Ring the doorbell again for the first `limit` jobs of the account's line; returns them
-    (`may_take_over`: held jobs whose claim expired that may be taken over, as budgets/ledger/queries.sql `claim`'s).
-
-    Call it inside a transaction: the rows are locked (SKIP LOCKED, so concurrent callers take
-    different ones) and sent once the caller commits.
-    """
-    if limit <= 0:
-        return []
-    first = list(DeferredTask.objects.select_for_update(skip_locked=True)
-                 .filter(claimable(clock.now()), may_take_over or Q(), account_id=account_id, queue=queue).order_by(*LINE_ORDER)[:limit])
-    _send_back(first)
-    return first
-
-
 def release_now(*, deferred_ids: list[int]) -> int:
     """An operator's release: back to the broker now, whatever the reason it was held."""
     with transaction.atomic():
@@ -249,8 +234,11 @@ def release_due(*, idle_workers: dict[str, int] | None = None) -> int:
     if gates:
         return sent + sum(gate.release_due(idle_workers=idle_workers) for gate in gates)
     for account_id, queue in Backlog.objects.filter(ready()).values_list("account_id", "queue"):
-        with transaction.atomic():
-            sent += len(release_first(account_id=account_id, queue=queue, limit=LINE_UP_BATCH))
+        with transaction.atomic():  # no gate: no slots, no claims; the line's first jobs go
+            first = list(DeferredTask.objects.select_for_update(skip_locked=True).filter(
+                account_id=account_id, queue=queue, in_line_since__isnull=False).order_by(*LINE_ORDER)[:LINE_UP_BATCH])
+            _send_back(first)
+        sent += len(first)
     return sent
 
 
@@ -266,6 +254,12 @@ def release_parked() -> int:
 def _send_back(held: list[DeferredTask]) -> None:
     """Take locked rows out of the holding area and ring the doorbell once the caller commits."""
     DeferredTask.objects.filter(pk__in=[task.pk for task in held]).delete()
+    send_on_commit_all(held)
+
+
+def send_on_commit_all(held: list[DeferredTask]) -> None:
+    """Ring the doorbell for jobs taken out of the holding area (budgets' `release` statement takes
+    a line's first ones) once the caller commits."""
     for task in held:
         # Sent straight to the broker: admission checks it again when it starts.
         if task.message is not None:  # a parked message goes back as it came

@@ -8,6 +8,7 @@ A slot is a Reservation row; its states and the one transition that moves it bet
         v                                                      v
     ACTIVE on a claim's lease (admitted ahead)                 DISPATCHED ── activate (admission) ──> ACTIVE
     ACTIVE on a claim's lease ── start_admitted ──>  ACTIVE (running; the watcher renews its lease)
+    (a line's first held jobs) ── release (to the broker, sent once committed) ──> DISPATCHED
     ACTIVE ── charge (settlement; may pass the slot on: a new ACTIVE one for the next held job,
               which may carry the run's charge on: see budgets.ledger.settling) ──> (deleted)
     ACTIVE ── reclaim (lease expired: charged what it reported) ──> RECLAIMED ── charge of the rest ──> (deleted)
@@ -25,11 +26,11 @@ statement of queries.sql a transition. All run under the account's lock (budgets
 that still cannot pass a cap (their modules say why): the charge, its pass-on, `admit_at_once`.
 """
 from budgets.ledger.admitting import (
-    activate, admit_at_once, claim_for, dispatch, dispatch_many, dispatch_or_hold, drop, redispatch, reserve_more,
-    start_admitted, unadmit, undispatch,
+    activate, admit_at_once, claim_for, dispatch, dispatch_many, dispatch_or_hold, drop, redispatch, release,
+    reserve_more, start_admitted, unadmit, undispatch,
 )
 from budgets.ledger.reads import (
-    IN_FLIGHT, broker_waiting, idle_workers, lock, may_take_over, ready_accounts, standing, usage_id,
+    IN_FLIGHT, broker_waiting, idle_workers, lock, ready_accounts, standing, usage_id,
 )
 from budgets.ledger.settling import charge, grow, reclaim, renew, revive
 from budgets.ledger.values import AdmittedAtOnce, Charged, Claimed, EnqueueCheck, PassOn, Ready
@@ -37,6 +38,6 @@ from budgets.ledger.values import AdmittedAtOnce, Charged, Claimed, EnqueueCheck
 __all__ = [
     "IN_FLIGHT", "AdmittedAtOnce", "Charged", "Claimed", "EnqueueCheck", "PassOn", "Ready", "activate", "admit_at_once",
     "broker_waiting", "charge", "claim_for", "dispatch", "dispatch_many", "dispatch_or_hold", "drop", "grow",
-    "idle_workers", "lock", "may_take_over", "ready_accounts", "reclaim", "redispatch", "renew", "reserve_more",
+    "idle_workers", "lock", "ready_accounts", "reclaim", "redispatch", "release", "renew", "reserve_more",
     "revive", "standing", "start_admitted", "unadmit", "undispatch", "usage_id",
 ]

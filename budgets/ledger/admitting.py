@@ -3,6 +3,7 @@
 (budgets.locks) but `dispatch_or_hold` and `admit_at_once` (queries.sql says why they are safe).
 """
 import datetime as dt
+import json
 from typing import Any
 
 from django.utils import timezone
@@ -15,7 +16,7 @@ from budgets.standing import Standing
 from scheduling import clock, db
 from scheduling.envelope import Envelope
 from scheduling.liveness import heard_since
-from scheduling.models import TaskRun
+from scheduling.models import DeferredTask, TaskRun
 from scheduling.services import task_run_start_params
 
 # How many times `admit_at_once` tries when a lock holder committed since its snapshot (a new
@@ -44,6 +45,16 @@ def dispatch(*, envelope: Envelope, queue: str, day: dt.date) -> int:
     """`dispatch_many` for one job."""
     (slot_id,) = dispatch_many(envelopes=[envelope], queue=queue, day=day)
     return slot_id
+
+
+def release(*, account_id: int, queue: str, day: dt.date, limit: int) -> list[DeferredTask]:
+    """(held jobs) -> DISPATCHED: the line's first `limit` claimable jobs out of the holding area,
+    each with a slot, under the lock; to send once the caller commits (scheduling.holding)."""
+    rows = db.fetch_all(QUERIES["release"], {
+        "account_id": account_id, "queue": queue, "day": day, "limit": limit, "now": clock.now(),
+        "lease": standing.dispatch_lease_expiry(), "created_at": timezone.now()})
+    return [DeferredTask(account_id=account_id, queue=queue, job=row["job"], ref=row["ref"], priority=row["priority"],
+                         message=None if row["message"] is None else json.loads(row["message"])) for row in rows]
 
 
 def redispatch(*, slot_id: int) -> None:

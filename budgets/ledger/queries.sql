@@ -6,17 +6,16 @@
 -- and 10,000 accounts: tests/scheduling/test_held_work_cost.py).
 
 -- name: lock
--- The account's lock (budgets.locks): a write that changes nothing, so that the row gets a new
--- version (xmin) each time it is locked, which admit_at_once checks. One row by its unique key.
+-- The account's lock (budgets.locks): a write that changes nothing gives the row a new version
+-- (xmin) each time, which admit_at_once checks. One row by key.
 UPDATE budgets_budget SET max_concurrent = max_concurrent
  WHERE account_id = %(account_id)s AND queue = %(queue)s
 RETURNING 1 AS locked;
 
 -- name: standing
--- The account's standing (budgets.standing.Standing): its Budget and day's usage row by unique key,
--- its slots (index reservation_slots: bounded by its cap), the job's own dispatched slot by (job,
--- ref), its Backlog row, the pauses, and for a rate-limited account its window: twice at most
--- rate_starts TaskRun index entries.
+-- The account's standing (budgets.standing.Standing): Budget, usage row and Backlog by key, its
+-- slots (bounded by its cap), the job's own dispatched slot, its pauses; rate-limited, at most
+-- 2 x rate_starts TaskRun index entries.
 SELECT b.cpu_seconds_per_day::bigint * 1000 AS cpu_limit_ms, b.max_concurrent, u.id AS usage_id,
        COALESCE(u.cpu_used_ms, 0) AS cpu_used_ms, COALESCE(u.cpu_reserved_ms, 0) AS cpu_reserved_ms,
        CASE WHEN o.id IS NULL THEN (SELECT taken FROM fairshare_taken(b.account_id, b.queue)) END AS in_flight,
@@ -40,17 +39,13 @@ SELECT b.cpu_seconds_per_day::bigint * 1000 AS cpu_limit_ms, b.max_concurrent, u
  WHERE b.account_id = %(account_id)s AND b.queue = %(queue)s;
 
 -- name: dispatch_or_hold
--- The enqueue check's common case, no lock: the account has budget left today, a free slot on the
--- queue, no slot of the job's own and no rate limit (a rate-limited account's starts are decided
--- under the lock) (`a`). Then the job takes a dispatched slot (`d`) when nothing is in the
--- account's line, a worker is free to start it (`i`: fairshare_idle_workers, unless workers run no
--- pulse, %(live_since)s NULL) and no job sent to the broker on the queue waits for a worker; otherwise
--- it joins the line (`h`): behind the account's held work, or, every worker being busy, to be taken by
--- a busy worker's loop in the fair order instead of waiting in the broker's first-in-first-out; its
--- deferral counted on the day's usage row (`c`; without that row yet, the lock decides). Returns
--- `decided` (false: the lock must decide), the slot's id (NULL: held) and `workers_free` (for the
--- lock's decision). Reads the account's Budget, usage row, slots and Backlog row, the queue's live
--- heartbeats and slots in flight, and its dispatched slots sent in the broker window.
+-- The enqueue check without the lock, for an account with budget left, a free slot, no slot of
+-- the job's own and no rate limit (`a`; else `decided` is false: the lock decides). The job takes
+-- a dispatched slot (`d`) when its line is empty, a worker is free (`i`; %(live_since)s NULL: no
+-- pulse, no bound) and no broker job waits; else it is held (`h`: behind its line, or workers
+-- busy, for a busy worker's loop to take in fair order), its deferral counted (`c`; no usage row
+-- yet: the lock decides). Reads the account's rows by key, the queue's live heartbeats, slots in
+-- flight and slots sent in the broker window.
 WITH i AS (
   SELECT %(live_since)s::timestamptz IS NULL
          OR (SELECT idle FROM fairshare_idle_workers(%(queue)s, %(live_since)s::timestamptz)) > 0 AS workers_free),
@@ -87,17 +82,12 @@ SELECT EXISTS (SELECT 1 FROM d) OR EXISTS (SELECT 1 FROM h) AS decided, (SELECT 
        (SELECT workers_free FROM i) AS workers_free;
 
 -- name: admit_at_once
--- DISPATCHED (its own) -> ACTIVE without taking the lock first (a job sent with a slot of its own,
--- its account below its cap on running jobs): it writes the account's Budget row as the lock does
--- (`b`), but only if the row is still the version its snapshot saw: every lock holder writes that
--- row, so a later version means one committed since (or, waited for, just did) and whatever it
--- counted is not in this snapshot; then nothing else happens. Holding that row to its commit, it
--- decides on counts as exact as under the lock (a rate-limited account's it leaves to the lock):
--- the running slots (`s`: only a lock holder adds one; the lock-free settlement never adds to
--- them), the own slot locked (`o`), and the budget by a conditional UPDATE of the day's usage row,
--- checked on its latest version (`u`: the lock-free pass-on and reserve_more unchecked change it too).
--- The run's record (`t`) and the slot made active (`k`) follow only from `u`. Reads the account's
--- Budget, slots and usage row.
+-- DISPATCHED (its own) -> ACTIVE without the lock first: it writes the Budget row as the lock
+-- does (`b`), only if the row is still the version its snapshot saw (else a lock holder committed
+-- since, and nothing happens). Holding that row, its counts are as exact as under the lock: the
+-- running slots (`s`; only lock holders add one), its own slot (`o`), the budget by a conditional
+-- UPDATE of the usage row's latest version (`u`). Then the run (`t`) and the slot (`k`). A
+-- rate-limited account is left to the lock. Rows by key and the account's slots.
 WITH b AS (
   UPDATE budgets_budget SET max_concurrent = max_concurrent
    WHERE account_id = %(account_id)s AND queue = %(queue)s
@@ -131,10 +121,9 @@ SELECT EXISTS (SELECT 1 FROM b) AS fresh, (SELECT id FROM k) AS slot_id, (SELECT
        EXISTS (SELECT 1 FROM fairshare_pauses(%(account_id)s, %(queue)s)) AS paused;
 
 -- name: activate
--- DISPATCHED (its own, %(own)s) or (none) -> ACTIVE, under the lock (budgets.admission.admit, which
--- read the standing): the CPU reserved on the day's usage row (`u`), the run's record inserted
--- (`t`, %(insert_run)s) or given (%(run_id)s), its slot made ACTIVE: its own (`o`) or a new one
--- (`n`). The clauses not asked for are one-time filters of the plan. Rows by key.
+-- DISPATCHED (its own, %(own)s) or (none) -> ACTIVE under the lock, which read the standing: CPU
+-- reserved (`u`), the run inserted (`t`, %(insert_run)s) or given (%(run_id)s), the slot made
+-- ACTIVE (`o`) or inserted (`n`). Unasked clauses are one-time filters. Rows by key.
 WITH u AS (UPDATE budgets_usageday SET cpu_reserved_ms = cpu_reserved_ms + %(reserve_ms)s WHERE id = %(usage_id)s),
 t AS (
   INSERT INTO scheduling_taskrun (account_id, job, queue, ref, worker, started_at)
@@ -156,18 +145,15 @@ n AS (
 SELECT id, task_run_id FROM o UNION ALL SELECT id, task_run_id FROM n;
 
 -- name: claim
--- (a held job) -> ACTIVE on the claim's lease (admitted ahead: its run recorded, `t`; %(reserve_ms)s
--- reserved on the usage row %(usage_id)s, `u`), under the account's lock, which read the standing
--- and found that it may start: the first job of the account's line claimed for the
--- worker (`c`, fairshare_first_claimable: two claimants never take the same job and neither waits
--- for the other), unless (%(yield_to_broker)s) a job sent to the broker on the queue waits for a worker. A
--- job whose claim expired is taken over only once its claimant let it go (no slot of it left).
--- Reads the first unclaimed rows of the account's line (index deferred_line), for each whose claim
--- expired one probe of its slots; yielding, the queue's slots sent in the broker window.
+-- (a held job) -> ACTIVE on the claim's lease, under the lock, which found it may start: the
+-- line's first claimable job (`c`, fairshare_claimable: two claimants never take the same
+-- job nor wait for each other), unless (%(yield_to_broker)s) a broker job waits; its run (`t`) and
+-- reservation (`u`). Reads the line's first unclaimed rows (index deferred_line), a slot probe for
+-- an expired claim, the queue's slots in the broker window.
 WITH c AS (
   UPDATE scheduling_deferredtask SET claimed_by = %(worker)s, claim_expires_at = %(claim_expires_at)s
    WHERE id = (
-     SELECT f.id FROM fairshare_first_claimable(%(account_id)s, %(queue)s, %(now)s) f
+     SELECT f.id FROM fairshare_claimable(%(account_id)s, %(queue)s, %(now)s, 1) f
       WHERE NOT (%(yield_to_broker)s
                  AND (SELECT waiting FROM fairshare_broker_waiting(%(queue)s, %(broker_since)s, %(broker_forgets)s))))
   RETURNING job, ref, priority),
@@ -186,20 +172,33 @@ SELECT %(account_id)s, %(queue)s, %(day)s, c.job, c.ref, 'active', %(slot_lease)
   FROM c
 RETURNING job, ref, id, task_run_id, (SELECT priority FROM c) AS priority;
 
+-- name: release
+-- (held jobs) -> DISPATCHED, under the lock, which saw %(limit)s may go: the line's first claimable
+-- jobs (`f`, fairshare_claimable as `claim` takes them; once: a subquery that a plan re-scans
+-- would skip the rows deleted and take more) out of the holding area (`h`), each with a dispatched
+-- slot (`d`); the caller sends them once it commits, in line order. Reads the line's first rows
+-- (index deferred_line), for each whose claim expired one probe of its slots.
+WITH f AS MATERIALIZED (SELECT id FROM fairshare_claimable(%(account_id)s, %(queue)s, %(now)s, %(limit)s)),
+h AS (
+  DELETE FROM scheduling_deferredtask t USING f WHERE t.id = f.id
+  RETURNING t.id, job, ref, priority, in_line_since, message),
+d AS (
+  INSERT INTO budgets_reservation (account_id, queue, day, job, ref, status, lease_expires_at, created_at, worker,
+                                   cpu_reserved_ms)
+  SELECT %(account_id)s, %(queue)s, %(day)s, job, ref, 'dispatched', %(lease)s, %(created_at)s, '', 0 FROM h)
+SELECT job, ref, priority, message::text AS message FROM h ORDER BY priority DESC, in_line_since, id;
+
 -- name: start_admitted
--- ACTIVE on a claim's lease -> ACTIVE (running): a job admitted ahead starts; its claim completes
--- if its slot is still there, the slot's row locked (not written: its claim's lease runs until the
--- run's watcher renews it, well before the lease ends: budgets.watcher) so that a reclaim taking it
--- at the same moment goes first or finds it started. Two rows by key.
+-- ACTIVE on a claim's lease -> ACTIVE (running): the claim completes while the slot is there,
+-- locked (not written) so that a reclaim at the same moment goes first or finds it started. By key.
 WITH s AS (SELECT id FROM budgets_reservation WHERE id = %(slot_id)s AND status = 'active' FOR NO KEY UPDATE)
 DELETE FROM scheduling_deferredtask
  WHERE job = %(job)s AND ref = %(ref)s AND claimed_by = %(worker)s AND EXISTS (SELECT 1 FROM s)
 RETURNING 1 AS started;
 
 -- name: reserve_more
--- ACTIVE -> ACTIVE: %(ms)s more for a slot admitted ahead. Unless the lock already saw the account
--- has it (%(checked)s), only when its account has that much left unreserved (checked on the usage
--- row's latest version: two of these never reserve the same budget twice). Rows by key.
+-- ACTIVE -> ACTIVE, %(ms)s more reserved: unless %(checked)s (the lock saw it), only when the
+-- account has that much unreserved on the usage row's latest version. Rows by key.
 WITH u AS (
   UPDATE budgets_usageday u SET cpu_reserved_ms = u.cpu_reserved_ms + %(ms)s FROM budgets_budget b
    WHERE u.id = %(usage_id)s AND b.account_id = u.account_id AND b.queue = u.queue
@@ -210,9 +209,8 @@ UPDATE budgets_reservation SET cpu_reserved_ms = cpu_reserved_ms + %(ms)s
 RETURNING 1 AS reserved;
 
 -- name: grow
--- ACTIVE -> ACTIVE: a running slot reports its CPU (%(cpu_ms)s), renews its lease and reserves
--- %(ms)s more on its day's usage row (the caller, under the lock, saw the account has it); no row
--- when the slot is no longer ACTIVE (reclaimed while its worker was frozen, or settled). By key.
+-- ACTIVE -> ACTIVE: the run reports its CPU, renews its lease and reserves %(ms)s more (the lock
+-- saw the account has it); no row when the slot is no longer ACTIVE. Rows by key.
 WITH s AS (
   UPDATE budgets_reservation SET cpu_reported_ms = %(cpu_ms)s, lease_expires_at = %(lease)s,
          cpu_reserved_ms = cpu_reserved_ms + %(ms)s
@@ -223,10 +221,8 @@ u AS (
 SELECT id AS grown FROM s;
 
 -- name: unadmit
--- ACTIVE on a claim's lease -> (none): an admission whose run never started is undone (with
--- %(expired_before)s, only if its lease is still expired then): its CPU unreserved, nothing charged
--- or counted but what the slot carried of the runs it was passed on from (their CPU moves from
--- reserved to used). Returns its run's id; no row when nothing was undone. Rows by key.
+-- ACTIVE on a claim's lease -> (none), never started (with %(expired_before)s: only if its lease
+-- is still expired then): its CPU unreserved; what it carried charged. Rows by key.
 WITH r AS (
   DELETE FROM budgets_reservation
    WHERE id = %(slot_id)s AND status = 'active'
@@ -242,11 +238,9 @@ c AS (
 SELECT task_run_id FROM r;
 
 -- name: reclaim
--- ACTIVE -> RECLAIMED: a run whose lease expired (its worker died, or froze) is charged
--- %(charge_ms)s (what it reported), counted, and its reservation given back, with what the slot
--- carried of the runs it was passed on from; the slot keeps what was charged (its settlement, if
--- the run turns out alive, charges only the rest) and carries nothing more. Under the lock, the
--- slot's row locked by the caller. Rows by key.
+-- ACTIVE -> RECLAIMED: a run whose lease expired is charged %(charge_ms)s (what it reported) and
+-- counted, its reservation and what it carried given back; the slot keeps what was charged. Under
+-- the lock, the slot locked by the caller. Rows by key.
 WITH r AS (
   UPDATE budgets_reservation n
      SET status = 'reclaimed', cpu_charged_ms = %(charge_ms)s, carried_runs = 0, carried_cpu_ms = 0,
@@ -263,11 +257,8 @@ UPDATE budgets_usageday u
 RETURNING 1 AS charged;
 
 -- name: revive
--- RECLAIMED -> ACTIVE: the run of a slot reclaimed while its worker was frozen woke up, and its
--- account has a free slot (the caller, under the lock, saw it): the slot is its again with
--- %(reserve_ms)s reserved, the run no longer counted twice (the reclaim counted it, its
--- settlement will) nor marked lost. What the reclaim charged stays charged. Returns that; no row
--- when the slot is not reclaimed (it settled, or its row went). Rows by key.
+-- RECLAIMED -> ACTIVE: a frozen run woke to a free slot (the lock saw it): %(reserve_ms)s
+-- reserved, counted once, no longer lost; what the reclaim charged stays. Rows by key.
 WITH s AS (
   UPDATE budgets_reservation SET status = 'active', cpu_reserved_ms = %(reserve_ms)s, lease_expires_at = %(lease)s
    WHERE id = %(slot_id)s AND status = 'reclaimed'
@@ -281,23 +272,20 @@ t AS (
 SELECT cpu_charged_ms FROM s;
 
 -- name: broker_waiting
--- Whether a job sent to the broker on the queue waits for a worker (asked by every hand-off,
--- release and pull): the queue's dispatched slots sent in the broker window (index reservation_age).
+-- Whether a job sent to the broker on the queue waits for a worker: the queue's slots sent in the
+-- broker window (index reservation_age).
 SELECT waiting FROM fairshare_broker_waiting(%(queue)s, %(broker_since)s, %(broker_forgets)s);
 
 -- name: idle_workers
--- How many more jobs the queue's workers could start now (an enqueue of a batch; a single enqueue asks
--- it within `dispatch_or_hold`): fairshare_idle_workers (budgets migration 0016: the queue's live
--- heartbeats less its slots taken, by index; bounded by the workers and the slots taken, never by history).
+-- How many more jobs the queue's workers could start now: its live heartbeats less its slots
+-- taken (fairshare_idle_workers, by index: bounded by workers and slots, never by history).
 SELECT idle FROM fairshare_idle_workers(%(queue)s, %(live_since)s);
 
 -- name: ready_accounts
--- Accounts whose line on the queue could go now and that have a free slot, in fair order: fewest
--- slots in use for their weight first, then the one whose first held job has waited longest in
--- line. Reads the Backlog of the accounts whose line could go now (index backlog_ready), their
--- Budget, slots and first held job: O(accounts that could run), whatever is held. An account whose
--- Budget row on the queue is not made yet (a brand-new account's work held for a time: the row is
--- made under its lock, which the release takes) counts as one free slot of weight 1 until then.
+-- Accounts whose line on the queue could go now with a free slot, in fair order: fewest slots for
+-- their weight, then the longest-waiting first job. Reads the ready Backlog rows (index
+-- backlog_ready), their Budget, slots and first held job: O(accounts that could run). An account
+-- with no Budget row yet counts as one free slot of weight 1 (its row is made under the lock).
 SELECT c.account_id, c.taken::float / c.weight AS share FROM (
   SELECT k.account_id, k.head_since, COALESCE(b.max_concurrent, 1) AS max_concurrent,
          COALESCE(b.weight, 1) AS weight, s.taken
@@ -309,32 +297,23 @@ SELECT c.account_id, c.taken::float / c.weight AS share FROM (
  LIMIT %(limit)s;
 
 -- name: settle
--- ACTIVE (or DISPATCHED, RECLAIMED) -> (none), no lock (it only frees): the slot deleted (`r`,
--- exactly once: no row, nothing charged), its figures charged to its day (`c`: its CPU less what a
--- reclaim charged, its reservation given back, its waits, the run counted if it ran, what the slot
--- carried), its run's end recorded (`t`), and, where the usage log is on (the session's
--- fairshare_usage.events: usage_events_on()), its `run.settled` event written to the log's outbox
--- with the run's charge (`e`: figures only, which the relay renders, docs/usage-log.md). With
--- %(pass_on)s the slot passes on, in the same statement, to the first job of the account's line
--- (`h`, fairshare_first_claimable as in `claim`) when the run is of today, reserved from the day,
--- left at least half a step, and fairshare_may_pass_on lets it: its slot inserted ACTIVE (`n`) with
--- what the run left of its reservation (at most a step), its run recorded (`s`); `c` gives back
--- only the rest. Carried charges (`k`): a pass-on whose run gives nothing back and hit no cap
--- charges nothing; the new slot carries the run's figures on, with what the old one carried, for at
--- most CHARGE_CARRY_S from the first; their CPU stays reserved until the slot's end charges it, so
--- used + reserved CPU (and a cap) stay exact, and the pass-on writes no row its account's other
--- workers write too. Slots taken and running, and used + reserved CPU, never grow. What the
--- settling worker asks next (its line, any line, another account's turn) is read only when the slot
--- was not passed on (AND stops at its first false). Reads the slot and usage row by key, Backlog
--- (by key; index backlog_ready); passing on, the first unclaimed rows of the line (index
--- deferred_line) and the queue's slots in the broker window.
+-- ACTIVE (or DISPATCHED, RECLAIMED) -> (none), no lock (it only frees): the slot deleted (`r`:
+-- exactly once), its figures charged to its day (`c`), its run's end recorded (`t`), its usage
+-- event written where usage_events_on() (`e`, docs/usage-log.md). With %(pass_on)s the slot goes
+-- on to the line's first job (`h`, as in `claim`) when the run is of today, left at least half a
+-- step and fairshare_may_pass_on lets it: a new ACTIVE slot (`n`) with what the run left (at most
+-- a step), its run (`s`); `c` gives back only the rest. Carried charges (`k`): a pass-on that gives
+-- nothing back and hit no cap writes no usage row; the new slot carries the figures (for at most
+-- CHARGE_CARRY_S) and its end charges them, their CPU reserved meanwhile: used + reserved stays
+-- exact. Its line, any line and others' turn are read only when not passed on. Reads the slot,
+-- usage and Backlog rows by key; passing on, as `claim`.
 WITH r AS (
   DELETE FROM budgets_reservation WHERE id = %(slot_id)s
   RETURNING *, (status = 'active')::int AS ran, cpu_reserved_ms - %(cpu_ms)s AS left_ms),
 h AS (
   UPDATE scheduling_deferredtask SET claimed_by = %(worker)s, claim_expires_at = %(claim_expires_at)s
    WHERE id = (
-     SELECT f.id FROM fairshare_first_claimable(%(account_id)s, %(queue)s, %(now)s) f
+     SELECT f.id FROM fairshare_claimable(%(account_id)s, %(queue)s, %(now)s, 1) f
       WHERE %(pass_on)s
         AND EXISTS (SELECT 1 FROM r WHERE r.ran = 1 AND r.day = %(today)s AND r.cpu_charged_ms = 0
                        AND r.left_ms >= %(keep_at_least)s

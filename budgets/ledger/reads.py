@@ -6,11 +6,10 @@ each reads as held jobs, accounts and history grow.
 import datetime as dt
 from pathlib import Path
 
-from django.db.models import Exists, OuterRef, Q
 from django.utils import timezone
 
 from budgets.ledger.values import Ready
-from budgets.models import Queue, Reservation, ReservationStatus, UsageDay
+from budgets.models import Queue, ReservationStatus, UsageDay
 from budgets.standing import Standing
 from scheduling import clock, db
 from scheduling.liveness import heard_since
@@ -30,13 +29,6 @@ def broker_window() -> dict[str, dt.datetime]:
     now = timezone.now()
     return {"broker_forgets": now - dt.timedelta(seconds=BROKER_WAIT_FORGET_S),
             "broker_since": now - dt.timedelta(seconds=BROKER_WAIT_YIELD_S)}
-
-
-def may_take_over() -> Q:
-    """Held jobs whose expired claim a release may take over: fairshare_job_slots' rule, for the ORM."""
-    slot = Reservation.objects.filter(account_id=OuterRef("account_id"), queue=OuterRef("queue"), status__in=IN_FLIGHT,
-                                      job=OuterRef("job"), ref=OuterRef("ref"))
-    return Q(claim_expires_at__isnull=True) | ~Exists(slot)
 
 
 def lock(*, account_id: int, queue: str) -> bool:
@@ -68,9 +60,8 @@ def ready_accounts(*, queue: str | None, limit: int | None = None) -> list[Ready
     """Accounts whose line on the queue (None: each) could go now with a free slot, in fair order."""
     if queue is None:
         return [ready for q in Queue.values for ready in ready_accounts(queue=q, limit=limit)]
-    with db.cursor() as cursor:
-        cursor.execute(QUERIES["ready_accounts"], {"queue": queue, "limit": limit})
-        return [Ready(account_id, queue, share) for account_id, share in cursor.fetchall()]
+    rows = db.fetch_all(QUERIES["ready_accounts"], {"queue": queue, "limit": limit})
+    return [Ready(row["account_id"], queue, row["share"]) for row in rows]
 
 
 def broker_waiting(*, queue: str) -> bool:

@@ -2,7 +2,7 @@
 place in its account's line (DeferredTask.in_line_since).
 
 Backlog's counts are kept by triggers on scheduling_deferredtask, in the statement that changes
-it (scheduling.triggers, written for the reasons this migration knows). Rows held before this
+it (scheduling.migrations._triggers, written for the reasons this migration knows). Rows held before this
 migration join their account's line unless they wait for a time of their own that has not come;
 an account whose held work waited for its next budget day has its line held up until then.
 """
@@ -10,7 +10,7 @@ import datetime
 import django.db.models.deletion
 from django.db import migrations, models
 
-from scheduling import triggers
+from scheduling.migrations import _triggers as triggers
 
 
 NOT_BLOCKED = datetime.datetime(1970, 1, 1, tzinfo=datetime.timezone.utc)

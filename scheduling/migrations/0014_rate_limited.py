@@ -5,7 +5,7 @@ hand before migrating, with the definition below; this migration then finds it b
 it.)"""
 from django.db import migrations, models
 
-from scheduling import triggers
+from scheduling.migrations import _triggers as triggers
 
 BEFORE = triggers.Triggers(("budget_exhausted", "concurrency_cap", "budget_reserved", "retry_backoff", "scheduled",
                             "queued_behind", "paused", "message_lost", "needs_newer_worker"))

@@ -3,7 +3,7 @@ every worker is busy) and its count in Backlog, with the triggers that keep Back
 rewritten with it."""
 from django.db import migrations, models
 
-from scheduling import triggers
+from scheduling.migrations import _triggers as triggers
 
 BEFORE = triggers.Triggers(("budget_exhausted", "concurrency_cap", "budget_reserved", "retry_backoff", "scheduled",
                             "queued_behind", "paused", "message_lost", "needs_newer_worker", "rate_limited"))

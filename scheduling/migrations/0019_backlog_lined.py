@@ -6,7 +6,7 @@ and its index takes no time worth a concurrent build. The triggers go before the
 back after it (SQLite rebuilds the table to add a stored column)."""
 from django.db import migrations, models
 
-from scheduling import triggers
+from scheduling.migrations import _triggers as triggers
 
 REASONS = triggers.Triggers(("budget_exhausted", "concurrency_cap", "budget_reserved", "retry_backoff", "scheduled",
                              "queued_behind", "paused", "message_lost", "needs_newer_worker", "rate_limited",

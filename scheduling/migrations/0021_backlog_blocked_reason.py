@@ -5,7 +5,7 @@ for, which goes stale. The triggers are rewritten so and the counts recounted fr
 Backlog holds a row per account and queue: the recount reads the holding area once."""
 from django.db import migrations, models
 
-from scheduling import triggers
+from scheduling.migrations import _triggers as triggers
 
 REASONS = ("budget_exhausted", "concurrency_cap", "budget_reserved", "retry_backoff", "scheduled", "queued_behind",
            "paused", "message_lost", "needs_newer_worker", "rate_limited", "workers_busy")

@@ -211,7 +211,7 @@ class Backlog(models.Model):
     (migrations 0012_backlog, 0021_backlog_blocked_reason: per statement for inserts and deletes, per changed row for a change
     of account, queue, place in line or reason); `blocked_until` by scheduling.holding (`block`,
     `unblock`). A new DeferReason needs a column here and the triggers rewritten with it
-    (scheduling.triggers; a test checks that every reason has its column).
+    (scheduling.migrations._triggers; a test checks that every reason has its column).
     """
 
     account = models.ForeignKey("budgets.Account", on_delete=models.CASCADE, related_name="+")

@@ -23,7 +23,7 @@ RULE_CALL = re.compile(r"\bfairshare_\w+\(")
 
 NAMES = {"lock", "standing", "dispatch_or_hold", "admit_at_once", "activate", "claim", "start_admitted",
          "reserve_more", "grow", "unadmit", "reclaim", "revive", "broker_waiting", "idle_workers", "ready_accounts",
-         "settle"}
+         "settle", "release"}
 
 
 def test_each_transition_is_one_named_statement_converted_once_per_process():

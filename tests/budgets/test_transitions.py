@@ -6,7 +6,7 @@ tables: tests/scheduling/test_held_work_cost.py; the statements themselves: test
 import datetime as dt
 
 import pytest
-from django.db import transaction
+from django.db import connection, transaction
 from django.utils import timezone
 
 from budgets import clock, ledger
@@ -95,6 +95,35 @@ def test_dispatch_redispatch_drop_and_undispatch(acme, day):
     ledger.dispatch_many(envelopes=[job(acme, "b"), job(acme, "c")], queue=QUEUE, day=day)
     ledger.undispatch(envelope=job(acme, "b"), queue=QUEUE)
     assert list(Reservation.objects.values_list("ref", "status")) == [("c", S.DISPATCHED)]
+
+
+@pytest.mark.parametrize("plan", ["force_custom_plan", "force_generic_plan"])
+def test_release_takes_the_lines_first_claimable_jobs_out_with_a_slot_each_and_no_more(acme, day, plan):
+    """(held jobs) -> DISPATCHED: in line order, past a live claim and an expired one whose slot
+    stands, never more than asked (a re-scanned subquery would skip the rows it deleted and take more:
+    a plan does that for a holding area the statistics think empty)."""
+    with connection.cursor() as cursor:
+        cursor.execute("ANALYZE scheduling_deferredtask")
+    for i in range(8):
+        holding.hold(envelope=job(acme, f"h{i}"), queue=QUEUE, reason=DeferReason.CONCURRENCY_CAP,
+                     eligible_at=holding.clock.now())
+    gone = holding.clock.now() - dt.timedelta(minutes=1)
+    DeferredTask.objects.filter(ref="h0").update(claimed_by="w", claim_expires_at=gone + dt.timedelta(hours=1))
+    DeferredTask.objects.filter(ref="h1").update(claimed_by="dead", claim_expires_at=gone)
+    ledger.dispatch(envelope=job(acme, "h1"), queue=QUEUE, day=day)  # the dead claimant's slot stands
+    with connection.cursor() as cursor:
+        cursor.execute(f"SET plan_cache_mode = {plan}")
+    try:
+        with transaction.atomic():
+            taken = [[held.ref for held in ledger.release(account_id=acme.pk, queue=QUEUE, day=day, limit=limit)]
+                     for limit in (1, 2, 1, 1, 1, 1)]
+    finally:
+        with connection.cursor() as cursor:
+            cursor.execute("RESET plan_cache_mode")
+    assert taken == [["h2"], ["h3", "h4"], ["h5"], ["h6"], ["h7"], []]
+    assert set(DeferredTask.objects.values_list("ref", flat=True)) == {"h0", "h1"}
+    assert sorted(Reservation.objects.filter(status=S.DISPATCHED).values_list("ref", flat=True)) == [
+        "h1", *(f"h{i}" for i in range(2, 8))]
 
 
 def test_dispatch_or_hold_sends_holds_in_line_or_leaves_it_to_the_lock(acme, day, beating_workers):

@@ -4,7 +4,7 @@ lining up, a release, a cancellation, an account deleted), the counts are the ro
 import datetime as dt
 
 import pytest
-from django.db import connection
+from django.db import connection, transaction
 from django.db.models import Count, Q
 
 from budgets.models import Account, UsageDay
@@ -62,7 +62,8 @@ def test_the_counts_follow_every_change_of_the_holding_area(account, other_accou
                                usage=usage_id, reserve_ms=0)  # a claim changes no count
     assert (claimed.envelope.job, claimed.envelope.ref) == ("tests.noop", "a1")
     assert DeferredTask.objects.filter(ref="a1", claimed_by="w").delete()[0] == 1  # its run started
-    assert len(holding.release_first(account_id=account.pk, queue="default", limit=10)) == 10
+    with transaction.atomic():
+        assert len(ledger.release(account_id=account.pk, queue="default", day=day, limit=10)) == 10
     holding.unhold(job="tests.noop", ref="a20")
     assert counted()[(account.pk, "default")]["retry_backoff"] == 1  # "later" waits for its own time
     in_line = counted()[(account.pk, "default")]["in_line"]

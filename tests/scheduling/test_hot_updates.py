@@ -47,7 +47,7 @@ def test_the_updates_on_a_jobs_path_change_no_indexed_column():
     updated = {
         TaskRun._meta.db_table: set(end.values()),  # the run's end (the settlement's statement)
         DeferredTask._meta.db_table: set_columns(QUERIES["claim"]),  # the claim of the job a slot goes to
-        # The triggers' counts, for every job held or let go (scheduling.triggers).
+        # The triggers' counts, for every job held or let go (scheduling.migrations._triggers).
         Backlog._meta.db_table: {"held", "in_line", *DeferReason.values},
         UsageDay._meta.db_table: set_columns(QUERIES["settle"][QUERIES["settle"].index("UPDATE budgets_usageday"):]),  # the settlement's charge
     }
