@@ -160,10 +160,20 @@ def fetch_one(statement: str, params: Mapping[str, Any]) -> dict[str, Any] | Non
 
 def fetch_all(statement: str, params: Mapping[str, Any]) -> list[dict[str, Any]]:
     """`fetch_one`, every row."""
-    def read(c: CursorWrapper) -> list[dict[str, Any]]:
-        if c.description is None:  # no result set
-            return []
-        names = [column.name for column in c.description]
-        return [dict(zip(names, row)) for row in c.fetchall()]
+    return _execute(statement, params, lambda c: named_rows(statement, c))
 
-    return _execute(statement, params, read)
+
+# Each statement's column names, by its text and column count (a column added by a migration while
+# it runs counts one more): psycopg builds `description` anew on every access, an object a column.
+_NAMES: dict[tuple[str, int], tuple[str, ...]] = {}
+
+
+def named_rows(statement: str, c: CursorWrapper) -> list[dict[str, Any]]:
+    """The rows `statement` returned on `c`, each by column name (none when it returns no rows)."""
+    fields = c.pgresult.nfields if c.pgresult is not None else 0
+    if not fields:
+        return []
+    names = _NAMES.get((statement, fields))
+    if names is None:
+        names = _NAMES[(statement, fields)] = tuple(column.name for column in c.description)
+    return [dict(zip(names, row)) for row in c.fetchall()]

@@ -1,6 +1,7 @@
 """The holding area (DeferredTask, counted in Backlog): work that may not run now waits here with its
-reason and the time it may go, instead of in the broker. Only this module (and the triggers that
-count it) writes these tables; other apps' hand-written statements use the SQL functions of migration 0023 (fairshare_*).
+reason and the time it may go, instead of in the broker. This module writes these tables, and the
+triggers that count it; budgets' ledger statements (budgets/ledger/queries.sql) claim, start and
+release held jobs, through the SQL functions of the migrations (fairshare_*).
 
 The words, each in one sense:
 - hold: put a job in the holding area. It waits for a time of its own (a retry's back-off, a
@@ -9,7 +10,8 @@ The words, each in one sense:
   first, then longest in line. A job whose own time came **lines up** (`line_up_due`).
 - block: the account's whole line waits until a time (its budget is spent until the next budget
   day: `hold` blocks it; `unblock` when an operator gives it more).
-- release: take held work out of the holding area and send it again; nothing else.
+- release: take held work out of the holding area and send it again; nothing else (a line's
+  first jobs: budgets' `release` statement, sent by `send_on_commit_all`).
 - claim: a worker takes the first job of a line to run it itself, straight away, without a broker
   round trip (budgets' statements, budgets/ledger/queries.sql `claim`); the row stays, marked with the worker and a lease, until that
   run starts. A claim whose lease expired (its worker died) is claimable again (`claimable`).

@@ -63,10 +63,10 @@ def claim_along(*, call_id, worker: str, run, then: Callable[[TaskCall | None, P
                        run_worker=run.worker, run_started_at=connection.ops.adapt_datetimefield_value(run.started_at))
 
     def read(cursor) -> None:
-        row = cursor.fetchone()
-        if row is None:
+        rows = db.named_rows(QUERIES["claim_along"], cursor)
+        if not rows:
             return then(None, None)
-        by_column = dict(zip([column.name for column in cursor.description], row))
+        by_column = rows[0]
         prior = Prior(by_column["prior_run_id"], by_column["prior_started_at"], by_column["prior_last_attempted_at"])
         return then(_decode(by_column), prior)
 
