@@ -14,7 +14,8 @@ The words, each in one sense:
   first jobs: budgets' `release` statement, sent by `send_on_commit_all`).
 - claim: a worker takes the first job of a line to run it itself, straight away, without a broker
   round trip (budgets' statements, budgets/ledger/queries.sql `claim`); the row stays, marked with the worker and a lease, until that
-  run starts. A claim whose lease expired (its worker died) is claimable again (`claimable`).
+  run starts. A claim whose lease expired (its worker died) is claimable again once its slot is given
+  back (fairshare_claimable, budgets migration 0018).
 - park: keep a message of a newer envelope version than this process speaks, unchanged, for a
   worker that speaks it; parked messages are never claimed.
 
@@ -95,21 +96,12 @@ def hold_scheduled(*, envelope: Envelope, queue: str, run_after: dt.datetime) ->
 
 def block(*, account_id: int, queue: str, until: dt.datetime, reason: str = DeferReason.BUDGET_EXHAUSTED) -> None:
     """The account's line on the queue waits until `until` (or later, if it already waits longer),
-    for `reason` (one of ACCOUNT_WAITS_REASONS):
-    - its budget is spent: jobs in it that waited for budget its running jobs had reserved now
-      wait for the same (index deferred_budget_reserved: they are a handful at most);
-    - its rate limit is reached: the first job of its line says so, with that time (one row, by
-      the line's index)."""
+    for `reason` (one of ACCOUNT_WAITS_REASONS: its budget is spent, its rate limit reached): its
+    Backlog row says so (one row by key), which is what every job in the line is shown
+    (scheduling.waits); no held row is written."""
     Backlog.objects.filter(account_id=account_id, queue=queue, blocked_until__lt=until).update(
         blocked_until=until, blocked_reason=reason)
     clock.set_alarm(until)  # this process's pulse lets it go then (another process's looks at its next tick)
-    if reason == DeferReason.BUDGET_EXHAUSTED:
-        DeferredTask.objects.filter(account_id=account_id, queue=queue, reason=DeferReason.BUDGET_RESERVED).update(
-            reason=DeferReason.BUDGET_EXHAUSTED, eligible_at=until)
-    elif reason == DeferReason.RATE_LIMITED:
-        first = (DeferredTask.objects.filter(claimable(clock.now()), account_id=account_id, queue=queue)
-                 .order_by(*LINE_ORDER).values_list("pk", flat=True)[:1])
-        DeferredTask.objects.filter(pk__in=list(first)).update(reason=reason, eligible_at=until)
 
 
 def unblock(*, account_id: int, queue: str) -> int:
@@ -160,12 +152,6 @@ def unhold(*, job: str, ref: str) -> int:
     how many rows went (0 or 1)."""
     deleted, _ = DeferredTask.objects.filter(job=job, ref=ref).delete()
     return deleted
-
-
-def claimable(now: dt.datetime) -> Q:
-    """Held work a worker may claim or a release may send now: in its account's line, and no live
-    claim covers it. (Whether the account may run now is Backlog's: `ready`.)"""
-    return Q(in_line_since__isnull=False) & (Q(claim_expires_at__isnull=True) | Q(claim_expires_at__lt=now))
 
 
 def ready() -> Q:

@@ -176,10 +176,6 @@ class DeferredTask(models.Model):
                          condition=models.Q(in_line_since__isnull=True, message__isnull=True)),
             # Messages parked for a newer worker, by version: released by one that speaks it.
             models.Index(fields=["envelope_version"], name="deferred_parked", condition=models.Q(message__isnull=False)),
-            # Jobs waiting for budget the account's running jobs reserved (a handful at most): once
-            # none is left, they wait for the next budget day like their account's line.
-            models.Index(fields=["account", "queue"], name="deferred_budget_reserved",
-                         condition=models.Q(reason="budget_reserved")),
             # An account's held jobs on a queue by age: the fair-share view's "oldest held job" of
             # each line it shows reads one entry, however long the line.
             models.Index(fields=["account", "queue", "created_at"], name="deferred_account_age"),

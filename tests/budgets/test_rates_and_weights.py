@@ -12,10 +12,12 @@ from budgets.models import Budget, Reservation, ReservationStatus
 from budgets.settlement import settle
 from scheduling import clock
 from scheduling.envelope import Envelope
+from scheduling.gates import Wait
 from scheduling.holding import release_due, unblock  # release_due: the pulse's tick
 from scheduling.models import Backlog, DeferReason, DeferredTask, TaskRun
 from scheduling.runtime import enqueue, enqueue_many
 from scheduling.services import task_run_new
+from scheduling.waits import why_held
 from tests.budgets.test_admission import meter
 from tests.factories import AccountFactory
 
@@ -66,13 +68,14 @@ def test_an_account_at_its_rate_limit_waits_with_its_reason_and_eta_and_goes_whe
     settled = settle(slot_id=runs[0].slot_id, account_id=account.pk, queue="default", meter=meter(5), hand_to="w")
 
     # Its slot is free, but three started in the window: nothing is handed off, and the line waits
-    # until the first start leaves the window, which the first job of the line says.
+    # until the first start leaves the window, which every job of the line is shown.
     assert settled.handed_to is None
     line = Backlog.objects.get(account=account)
     expected = clock.from_wall(first_start + dt.timedelta(seconds=60))
     assert abs((line.blocked_until - expected).total_seconds()) < 0.01
-    head = DeferredTask.objects.get(ref="0/3")
-    assert (head.reason, head.eligible_at) == (DeferReason.RATE_LIMITED, line.blocked_until)
+    assert line.blocked_reason == DeferReason.RATE_LIMITED
+    held = list(DeferredTask.objects.all())  # what each is shown: its line's cause and time, not a copy
+    assert set(why_held(held).values()) == {Wait(DeferReason.RATE_LIMITED, line.blocked_until)}
     assert fetch_next(queue="default", worker="w2") is None
     assert release_due() == 0
 
