@@ -80,6 +80,12 @@ def notifications(mail_dir: Path, record: ExportRecord) -> int:
     return sum(p.read_bytes().count(needle) for p in mail_dir.iterdir() if p.is_file())
 
 
+def notification_ids(mail_dir: Path, record: ExportRecord) -> int:
+    """How many of the messages sent carry this export's Message-ID (exports.notify)."""
+    needle = f"Message-ID: <export-ready-{record.pk}@fairshare>".encode()
+    return sum(p.read_bytes().count(needle) for p in mail_dir.iterdir() if p.is_file())
+
+
 def runs(record: ExportRecord) -> list[str]:
     """Outcomes of the export job's runs, oldest first."""
     return list(TaskRun.objects.filter(job=BUILD_JOB, ref=str(record.pk)).order_by("started_at", "id")
