@@ -170,7 +170,8 @@ _NAMES: dict[tuple[str, int], tuple[str, ...]] = {}
 
 def named_rows(statement: str, c: CursorWrapper) -> list[dict[str, Any]]:
     """The rows `statement` returned on `c`, each by column name (none when it returns no rows)."""
-    fields = c.pgresult.nfields if c.pgresult is not None else 0
+    result = c.pgresult
+    fields = result.nfields if result is not None else 0
     if not fields:
         return []
     names = _NAMES.get((statement, fields))

@@ -28,10 +28,8 @@ QUERIES = db.load_queries(Path(__file__).with_name("queries.sql"))
 
 def oldest(batch: int | None = None) -> list[tuple[int, OutgoingEvent]]:
     """The oldest committed outbox rows, by id, each with its event as the log keeps it."""
-    with connection.cursor() as cursor:
-        cursor.execute(QUERIES["oldest"], {"batch": batch or settings.FAIRSHARE["USAGE_RELAY_BATCH"]})
-        return [(row_id, OutgoingEvent(event_id, subject, body.encode()))
-                for row_id, event_id, subject, body in cursor.fetchall()]
+    rows = db.fetch_all(QUERIES["oldest"], {"batch": batch or settings.FAIRSHARE["USAGE_RELAY_BATCH"]})
+    return [(row["id"], OutgoingEvent(row["event_id"], row["subject"], row["body"].encode())) for row in rows]
 
 
 def relay_once(sink: Sink, *, batch: int | None = None) -> int:
